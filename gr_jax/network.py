@@ -1,0 +1,413 @@
+"""T5.1.1 encoder-decoder in Flax Linen, with logical axis names on every parameter.
+
+Differences from T5 1.0 that define T5.1.1: RMSNorm without bias, gated-GELU MLP, no biases anywhere, an untied
+output projection, dropout off in pre-training but on (0.1) when fine-tuning. Relative position biases are one
+table per stack, shared by all its layers.
+
+Every parameter is created with `nn.with_logical_partitioning`, so `jax.eval_shape(model.init, ...)` yields boxed
+abstract values from which `gr_jax.partitioning` derives shardings; activations carry `nn.with_logical_constraint`.
+
+Two decoding paths share the same parameters:
+  * `__call__` runs teacher-forced training / scoring over whole target sequences;
+  * `encode` + `prefill` + `decode_step` run one token per step for beam search and sampling. Cross-attention
+    keys/values and the decoder's relative-position bias are computed once per query by `prefill` and are never
+    repeated per beam: a step reshapes its `batch * beams` queries to `[batch, beams, ...]` against `[batch, ...]`
+    keys.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+
+Array = jax.Array
+Initializer = Callable[..., Array]
+
+# Logical axis names used for parameters and activations (see gr_jax.partitioning.LOGICAL_AXIS_RULES).
+BATCH, LENGTH, EMBED, MLP, HEADS, KV, VOCAB, RELPOS = (
+    "batch", "length", "embed", "mlp", "heads", "kv", "vocab", "relpos_buckets")
+
+NEG_INF = -1e10  # finite, so fully masked rows stay NaN-free
+
+
+@dataclasses.dataclass(frozen=True)
+class T5Config:
+    """Dimensions and numerics of a T5.1.1 network; gin binds it (size gins change only dimensions).
+
+    `vocab_size` may be left None: entry points fill it from the SentencePiece vocabulary (rounded up to a multiple
+    of 128, as T5's 32,128). `output_vocab_size` lets the decoder's output layer cover a different vocabulary from the
+    input embedding (e.g. atomic docids); None means the same as `vocab_size`.
+    """
+    vocab_size: Optional[int] = None
+    emb_dim: int = 512
+    num_heads: int = 6
+    num_encoder_layers: int = 8
+    num_decoder_layers: int = 8
+    head_dim: int = 64
+    mlp_dim: int = 1024
+    mlp_activations: tuple[str, ...] = ("gelu", "linear")
+    dropout_rate: float = 0.1
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+    relative_attention_num_buckets: int = 32
+    relative_attention_max_distance: int = 128
+    output_vocab_size: Optional[int] = None
+    remat: bool = False
+
+    def __post_init__(self):
+        if self.vocab_size is not None and self.vocab_size <= 0:
+            raise ValueError(f"vocab_size must be positive, got {self.vocab_size}")
+        for act in self.mlp_activations:
+            _activation(act)  # Fails early on an unknown name.
+
+    @property
+    def logits_vocab_size(self) -> int:
+        size = self.output_vocab_size or self.vocab_size
+        if size is None:
+            raise ValueError("T5Config.vocab_size is unset: bind it in gin or let the entry point fill it "
+                             "from the vocabulary (config.with_vocab_size(...)).")
+        return size
+
+    def with_vocab_size(self, vocab_size: int, *, multiple_of: int = 128) -> "T5Config":
+        """Returns a copy whose vocab_size covers `vocab_size`, padded so the vocab axis shards evenly."""
+        padded = -(-vocab_size // multiple_of) * multiple_of
+        return dataclasses.replace(self, vocab_size=padded)
+
+
+def _activation(name: str) -> Callable[[Array], Array]:
+    if name == "linear":
+        return lambda x: x
+    if name == "gelu":
+        # T5.1.1 used the tanh approximation of GELU.
+        return functools.partial(jax.nn.gelu, approximate=True)
+    if name == "relu":
+        return jax.nn.relu
+    raise ValueError(f"Unknown MLP activation {name!r}; expected one of 'gelu', 'relu', 'linear'.")
+
+
+def _param(module: nn.Module, name: str, init: Initializer, shape: Sequence[int], axes: Sequence[str],
+           dtype: Any) -> Array:
+    return module.param(name, nn.with_logical_partitioning(init, tuple(axes)), tuple(shape), dtype)
+
+
+def _fan_in_init(fan_in_axes: int, scale: float = 1.0) -> Initializer:
+    """Variance scaling over the first `fan_in_axes` dims (truncated normal), as in Mesh TensorFlow's T5."""
+    def init(key, shape, dtype=jnp.float32):
+        fan_in = int(np.prod(shape[:fan_in_axes]))
+        std = np.sqrt(scale / fan_in) / 0.87962566103423978  # Std of a unit normal truncated to [-2, 2].
+        return std * jax.random.truncated_normal(key, -2.0, 2.0, shape, dtype)
+    return init
+
+
+class RMSNorm(nn.Module):
+    """T5's layer norm: scale only, no mean subtraction, computed in float32."""
+    config: T5Config
+    epsilon: float = 1e-6
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        scale = _param(self, "scale", nn.initializers.ones, (x.shape[-1],), (EMBED,), self.config.param_dtype)
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + self.epsilon)
+        return (y * scale.astype(jnp.float32)).astype(self.config.dtype)
+
+
+def relative_position_bucket(relative_position: Array, *, bidirectional: bool, num_buckets: int,
+                             max_distance: int) -> Array:
+    """Maps key_pos - query_pos to T5's log-spaced buckets: exact for small distances, log-binned up to max."""
+    ret = 0
+    n = -relative_position
+    if bidirectional:
+        num_buckets //= 2
+        ret += (n < 0).astype(jnp.int32) * num_buckets
+        n = jnp.abs(n)
+    else:
+        n = jnp.maximum(n, 0)
+    max_exact = num_buckets // 2
+    is_small = n < max_exact
+    val_if_large = max_exact + (
+        jnp.log(jnp.maximum(n, 1).astype(jnp.float32) / max_exact + np.finfo(np.float32).eps)
+        / np.log(max_distance / max_exact) * (num_buckets - max_exact)).astype(jnp.int32)
+    val_if_large = jnp.minimum(val_if_large, num_buckets - 1)
+    return ret + jnp.where(is_small, n, val_if_large)
+
+
+class RelativePositionBias(nn.Module):
+    """One bias table per stack; returns float32[heads, q_len, k_len] for a block of positions."""
+    config: T5Config
+    bidirectional: bool
+
+    def setup(self):
+        cfg = self.config
+        self.rel_embedding = _param(
+            self, "rel_embedding", nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
+            (cfg.num_heads, cfg.relative_attention_num_buckets), (HEADS, RELPOS), cfg.param_dtype)
+
+    def __call__(self, q_len: int, k_len: int) -> Array:
+        cfg = self.config
+        rel = jnp.arange(k_len)[None, :] - jnp.arange(q_len)[:, None]
+        buckets = relative_position_bucket(rel, bidirectional=self.bidirectional,
+                                           num_buckets=cfg.relative_attention_num_buckets,
+                                           max_distance=cfg.relative_attention_max_distance)
+        return jnp.take(self.rel_embedding.astype(jnp.float32), buckets, axis=1)  # [heads, q, k]
+
+
+class Attention(nn.Module):
+    """Multi-head dot-product attention without biases or 1/sqrt(d) scaling (folded into the query init)."""
+    config: T5Config
+
+    def setup(self):
+        cfg = self.config
+        d, h, k = cfg.emb_dim, cfg.num_heads, cfg.head_dim
+        self.query = _param(self, "query", _fan_in_init(1, scale=1.0 / k), (d, h, k), (EMBED, HEADS, KV),
+                            cfg.param_dtype)
+        self.key = _param(self, "key", _fan_in_init(1), (d, h, k), (EMBED, HEADS, KV), cfg.param_dtype)
+        self.value = _param(self, "value", _fan_in_init(1), (d, h, k), (EMBED, HEADS, KV), cfg.param_dtype)
+        self.out = _param(self, "out", _fan_in_init(2), (h, k, d), (HEADS, KV, EMBED), cfg.param_dtype)
+        self.dropout = nn.Dropout(cfg.dropout_rate)
+
+    def _project(self, kernel: Array, x: Array) -> Array:
+        dtype = self.config.dtype
+        y = jnp.einsum("...d,dhk->...hk", x.astype(dtype), kernel.astype(dtype))
+        return nn.with_logical_constraint(y, (BATCH, LENGTH, HEADS, KV)[-y.ndim:] if y.ndim <= 4 else None)
+
+    def project_kv(self, inputs_kv: Array) -> tuple[Array, Array]:
+        """inputs_kv: [batch, k_len, embed] -> keys, values: [batch, k_len, heads, head_dim]."""
+        return self._project(self.key, inputs_kv), self._project(self.value, inputs_kv)
+
+    def project_q(self, inputs_q: Array) -> Array:
+        return self._project(self.query, inputs_q)
+
+    def attend(self, q: Array, k: Array, v: Array, *, mask: Optional[Array], bias: Optional[Array],
+               deterministic: bool) -> Array:
+        """q: [b, q_len, h, kv], k/v: [b, k_len, h, kv], mask: bool broadcastable to [b, h, q_len, k_len],
+        bias: float32 broadcastable to the same. Returns [b, q_len, embed]."""
+        logits = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32)
+        if bias is not None:
+            logits = logits + bias
+        if mask is not None:
+            logits = jnp.where(mask, logits, NEG_INF)
+        weights = jax.nn.softmax(logits, axis=-1).astype(self.config.dtype)
+        weights = self.dropout(weights, deterministic=deterministic)
+        y = jnp.einsum("bhqk,bkhd->bqhd", weights, v)
+        return self.output(y)
+
+    def output(self, y: Array) -> Array:
+        dtype = self.config.dtype
+        out = jnp.einsum("...hk,hkd->...d", y, self.out.astype(dtype))
+        return nn.with_logical_constraint(out, (BATCH, LENGTH, EMBED))
+
+    def __call__(self, inputs_q: Array, inputs_kv: Array, *, mask: Optional[Array], bias: Optional[Array],
+                 deterministic: bool) -> Array:
+        k, v = self.project_kv(inputs_kv)
+        return self.attend(self.project_q(inputs_q), k, v, mask=mask, bias=bias, deterministic=deterministic)
+
+
+class Mlp(nn.Module):
+    """Gated MLP: (act_0(x W_0) * act_1(x W_1)) W_out, T5.1.1's gated-GELU for ('gelu', 'linear')."""
+    config: T5Config
+
+    def setup(self):
+        cfg = self.config
+        self.wi = [_param(self, f"wi_{i}", _fan_in_init(1), (cfg.emb_dim, cfg.mlp_dim), (EMBED, MLP),
+                          cfg.param_dtype) for i in range(len(cfg.mlp_activations))]
+        self.wo = _param(self, "wo", _fan_in_init(1), (cfg.mlp_dim, cfg.emb_dim), (MLP, EMBED), cfg.param_dtype)
+        self.dropout = nn.Dropout(cfg.dropout_rate)
+
+    def __call__(self, x: Array, *, deterministic: bool) -> Array:
+        cfg = self.config
+        h = None
+        for act, w in zip(cfg.mlp_activations, self.wi):
+            y = _activation(act)(jnp.einsum("...d,dm->...m", x, w.astype(cfg.dtype)))
+            h = y if h is None else h * y
+        h = nn.with_logical_constraint(h, (BATCH, LENGTH, MLP))
+        h = self.dropout(h, deterministic=deterministic)
+        out = jnp.einsum("...m,md->...d", h, self.wo.astype(cfg.dtype))
+        return nn.with_logical_constraint(out, (BATCH, LENGTH, EMBED))
+
+
+class EncoderLayer(nn.Module):
+    config: T5Config
+
+    def setup(self):
+        self.pre_attention_norm = RMSNorm(self.config)
+        self.attention = Attention(self.config)
+        self.pre_mlp_norm = RMSNorm(self.config)
+        self.mlp = Mlp(self.config)
+        self.dropout = nn.Dropout(self.config.dropout_rate)
+
+    def __call__(self, x: Array, *, mask: Array, bias: Array, deterministic: bool) -> Array:
+        h = self.pre_attention_norm(x)
+        x = x + self.dropout(self.attention(h, h, mask=mask, bias=bias, deterministic=deterministic),
+                             deterministic=deterministic)
+        x = x + self.dropout(self.mlp(self.pre_mlp_norm(x), deterministic=deterministic),
+                             deterministic=deterministic)
+        return nn.with_logical_constraint(x, (BATCH, LENGTH, EMBED))
+
+
+class DecoderLayer(nn.Module):
+    config: T5Config
+
+    def setup(self):
+        cfg = self.config
+        self.pre_self_attention_norm = RMSNorm(cfg)
+        self.self_attention = Attention(cfg)
+        self.pre_cross_attention_norm = RMSNorm(cfg)
+        self.encoder_decoder_attention = Attention(cfg)
+        self.pre_mlp_norm = RMSNorm(cfg)
+        self.mlp = Mlp(cfg)
+        self.dropout = nn.Dropout(cfg.dropout_rate)
+
+    def __call__(self, x: Array, encoded: Array, *, self_mask: Array, cross_mask: Array, bias: Array,
+                 deterministic: bool) -> Array:
+        h = self.pre_self_attention_norm(x)
+        y = self.self_attention(h, h, mask=self_mask, bias=bias, deterministic=deterministic)
+        x = x + self.dropout(y, deterministic=deterministic)
+        h = self.pre_cross_attention_norm(x)
+        y = self.encoder_decoder_attention(h, encoded, mask=cross_mask, bias=None, deterministic=deterministic)
+        x = x + self.dropout(y, deterministic=deterministic)
+        x = x + self.dropout(self.mlp(self.pre_mlp_norm(x), deterministic=deterministic),
+                             deterministic=deterministic)
+        return nn.with_logical_constraint(x, (BATCH, LENGTH, EMBED))
+
+    def step(self, x: Array, *, position: Array, self_cache: tuple[Array, Array], cross_kv: tuple[Array, Array],
+             cross_mask: Array, bias_row: Array) -> tuple[Array, tuple[Array, Array]]:
+        """One decoding position for `batch * beams` rows against per-query cross-attention keys/values.
+
+        x: [batch*beams, 1, embed]; self_cache: keys/values [batch*beams, max_len, heads, kv] (filled below
+        `position`); cross_kv: [batch, src_len, heads, kv]; cross_mask: bool[batch, src_len];
+        bias_row: float32[heads, max_len] = the decoder bias for query `position`.
+        """
+        cache_k, cache_v = self_cache
+        h = self.pre_self_attention_norm(x)
+        k_new, v_new = self.self_attention.project_kv(h)
+        cache_k = jax.lax.dynamic_update_slice_in_dim(cache_k, k_new.astype(cache_k.dtype), position, axis=1)
+        cache_v = jax.lax.dynamic_update_slice_in_dim(cache_v, v_new.astype(cache_v.dtype), position, axis=1)
+        max_len = cache_k.shape[1]
+        causal = (jnp.arange(max_len) <= position)[None, None, None, :]
+        y = self.self_attention.attend(self.self_attention.project_q(h), cache_k, cache_v, mask=causal,
+                                       bias=bias_row[None, :, None, :], deterministic=True)
+        x = x + y
+        # Cross-attention: queries grouped per source query so keys/values are shared by all its beams.
+        h = self.pre_cross_attention_norm(x)
+        q = self.encoder_decoder_attention.project_q(h)[:, 0]  # [batch*beams, heads, kv]
+        ck, cv = cross_kv
+        batch = ck.shape[0]
+        q = q.reshape((batch, -1) + q.shape[1:])  # [batch, beams, heads, kv]
+        logits = jnp.einsum("bqhd,bkhd->bhqk", q, ck).astype(jnp.float32)
+        logits = jnp.where(cross_mask[:, None, None, :], logits, NEG_INF)
+        weights = jax.nn.softmax(logits, axis=-1).astype(self.config.dtype)
+        y = jnp.einsum("bhqk,bkhd->bqhd", weights, cv)
+        y = self.encoder_decoder_attention.output(y.reshape((-1, 1) + y.shape[2:]))
+        x = x + y
+        x = x + self.mlp(self.pre_mlp_norm(x), deterministic=True)
+        return x, (cache_k, cache_v)
+
+
+class Transformer(nn.Module):
+    """T5.1.1 encoder-decoder. Token 0 is padding and the decoder start token."""
+    config: T5Config
+
+    def setup(self):
+        cfg = self.config
+        if cfg.vocab_size is None:
+            raise ValueError("T5Config.vocab_size is unset (see T5Config.with_vocab_size).")
+        self.token_embedder = _param(self, "token_embedder", nn.initializers.normal(stddev=1.0),
+                                     (cfg.vocab_size, cfg.emb_dim), (VOCAB, EMBED), cfg.param_dtype)
+        layer_cls = nn.remat(EncoderLayer) if cfg.remat else EncoderLayer
+        self.encoder_relpos = RelativePositionBias(cfg, bidirectional=True)
+        self.encoder_layers = [layer_cls(cfg) for _ in range(cfg.num_encoder_layers)]
+        self.encoder_norm = RMSNorm(cfg)
+        dec_cls = nn.remat(DecoderLayer) if cfg.remat else DecoderLayer
+        self.decoder_relpos = RelativePositionBias(cfg, bidirectional=False)
+        self.decoder_layers = [dec_cls(cfg) for _ in range(cfg.num_decoder_layers)]
+        self.decoder_norm = RMSNorm(cfg)
+        self.logits_dense = _param(self, "logits_dense", _fan_in_init(1), (cfg.emb_dim, cfg.logits_vocab_size),
+                                   (EMBED, VOCAB), cfg.param_dtype)
+        self.dropout = nn.Dropout(cfg.dropout_rate)
+
+    def _embed(self, tokens: Array) -> Array:
+        x = jnp.take(self.token_embedder, tokens, axis=0).astype(self.config.dtype)
+        return nn.with_logical_constraint(x, (BATCH, LENGTH, EMBED))
+
+    def encode(self, encoder_input_tokens: Array, *, enable_dropout: bool = False) -> Array:
+        """encoder_input_tokens: int32[batch, src_len] -> encoded: [batch, src_len, embed]."""
+        deterministic = not enable_dropout
+        mask = (encoder_input_tokens > 0)[:, None, None, :]
+        src_len = encoder_input_tokens.shape[1]
+        bias = self.encoder_relpos(src_len, src_len)[None]
+        x = self.dropout(self._embed(encoder_input_tokens), deterministic=deterministic)
+        for layer in self.encoder_layers:
+            x = layer(x, mask=mask, bias=bias, deterministic=deterministic)
+        return self.dropout(self.encoder_norm(x), deterministic=deterministic)
+
+    def _logits(self, x: Array) -> Array:
+        x = self.decoder_norm(x)
+        logits = jnp.einsum("...d,dv->...v", x, self.logits_dense.astype(self.config.dtype))
+        return nn.with_logical_constraint(logits.astype(jnp.float32), (BATCH, LENGTH, VOCAB))
+
+    def decode(self, encoded: Array, encoder_input_tokens: Array, decoder_input_tokens: Array, *,
+               enable_dropout: bool = False) -> Array:
+        """Teacher-forced decoder. decoder_input_tokens: int32[batch, tgt_len] (targets shifted right, start 0).
+        Returns float32 logits [batch, tgt_len, output_vocab]."""
+        deterministic = not enable_dropout
+        tgt_len = decoder_input_tokens.shape[1]
+        self_mask = jnp.tril(jnp.ones((tgt_len, tgt_len), bool))[None, None]
+        cross_mask = (encoder_input_tokens > 0)[:, None, None, :]
+        bias = self.decoder_relpos(tgt_len, tgt_len)[None]
+        x = self.dropout(self._embed(decoder_input_tokens), deterministic=deterministic)
+        for layer in self.decoder_layers:
+            x = layer(x, encoded, self_mask=self_mask, cross_mask=cross_mask, bias=bias,
+                      deterministic=deterministic)
+        x = self.dropout(self.decoder_norm(x), deterministic=deterministic)
+        logits = jnp.einsum("...d,dv->...v", x, self.logits_dense.astype(self.config.dtype))
+        return nn.with_logical_constraint(logits.astype(jnp.float32), (BATCH, LENGTH, VOCAB))
+
+    def __call__(self, encoder_input_tokens: Array, decoder_input_tokens: Array, *,
+                 enable_dropout: bool = False) -> Array:
+        encoded = self.encode(encoder_input_tokens, enable_dropout=enable_dropout)
+        return self.decode(encoded, encoder_input_tokens, decoder_input_tokens, enable_dropout=enable_dropout)
+
+    # --- Incremental decoding -------------------------------------------------------------------------------
+
+    def prefill(self, encoder_input_tokens: Array, *, max_decode_len: int) -> "DecodeContext":
+        """Everything that is constant across decoding steps for a query, computed once."""
+        encoded = self.encode(encoder_input_tokens)
+        cross_kv = tuple(layer.encoder_decoder_attention.project_kv(encoded) for layer in self.decoder_layers)
+        return DecodeContext(cross_kv=cross_kv, cross_mask=encoder_input_tokens > 0,
+                             decoder_bias=self.decoder_relpos(max_decode_len, max_decode_len))
+
+    def decode_step(self, tokens: Array, *, position: Array, cache: tuple, context: "DecodeContext"
+                    ) -> tuple[Array, tuple]:
+        """tokens: int32[batch*beams] (the previous tokens), position: int32[] -> float32 logits
+        [batch*beams, output_vocab] and the updated self-attention cache (see `init_cache`)."""
+        x = self._embed(tokens[:, None])
+        bias_row = jax.lax.dynamic_index_in_dim(context.decoder_bias, position, axis=1, keepdims=False)
+        new_cache = []
+        for layer, layer_cache, kv in zip(self.decoder_layers, cache, context.cross_kv):
+            x, layer_cache = layer.step(x, position=position, self_cache=layer_cache, cross_kv=kv,
+                                        cross_mask=context.cross_mask, bias_row=bias_row)
+            new_cache.append(layer_cache)
+        return self._logits(x)[:, 0], tuple(new_cache)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class DecodeContext:
+    """Per-query decoding constants. cross_kv: per decoder layer (keys, values) [batch, src_len, heads, kv];
+    cross_mask: bool[batch, src_len]; decoder_bias: float32[heads, max_len, max_len]."""
+    cross_kv: tuple
+    cross_mask: Array
+    decoder_bias: Array
+
+
+def init_cache(config: T5Config, *, rows: int, max_decode_len: int) -> tuple:
+    """Zeroed self-attention cache: per decoder layer (keys, values) [rows, max_decode_len, heads, kv]."""
+    shape = (rows, max_decode_len, config.num_heads, config.head_dim)
+    return tuple((jnp.zeros(shape, config.dtype), jnp.zeros(shape, config.dtype))
+                 for _ in range(config.num_decoder_layers))

@@ -1,0 +1,44 @@
+"""gr_jax: generative retrieval with T5.1.1 in JAX/Flax."""
+import setuptools
+
+# Pinned to versions verified to install together (Python 3.11, CPU; the same pins run on GPU/TPU
+# hosts with the matching jax[cuda]/jax[tpu] extra installed on top).
+INSTALL_REQUIRES = [
+    "jax==0.10.2",
+    "jaxlib==0.10.2",
+    "flax==0.12.8",
+    "optax==0.2.8",
+    "orbax-checkpoint==0.12.8",
+    "seqio==0.0.20",
+    "tensorflow==2.21.0",
+    "tensorflow-text==2.21.1",
+    "tensorflow-datasets==4.9.10",
+    "sentencepiece==0.2.3",
+    "gin-config==0.5.0",
+    "clu==0.0.12",
+    "numpy==2.4.6",
+    "tqdm==4.70.1",
+    "bm25s==0.3.16",
+    "PyStemmer==3.1.0",
+    "faiss-cpu==1.15.1",
+    "safetensors==0.8.0",
+    "tokenizers==0.23.3",
+]
+TEST_REQUIRES = [
+    "pytest==9.2.0",
+    "hypothesis==6.170.15",
+    "ir-measures==0.4.3",
+    "pytrec-eval-terrier==0.5.11",
+]
+
+setuptools.setup(
+    name="gr_jax",
+    version="0.1.0",
+    description="Generative retrieval (DSI-style) with T5.1.1 in JAX/Flax, t5x-style.",
+    python_requires=">=3.10",
+    packages=setuptools.find_packages(include=["gr_jax", "gr_jax.*", "tasks", "tasks.*", "tools", "tools.*"]),
+    package_data={"": ["*.gin"]},
+    install_requires=INSTALL_REQUIRES,
+    extras_require={"test": TEST_REQUIRES},
+    entry_points={"console_scripts": ["gr-jax=gr_jax.cli:main"]},
+)

@@ -1,0 +1,141 @@
+"""T5.1.1 network: parameter shapes/counts, incremental decoding == teacher forcing, masking, dropout."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import linen as nn
+
+from gr_jax import network
+
+TINY = network.T5Config(vocab_size=2048, emb_dim=256, num_heads=4, num_encoder_layers=4, num_decoder_layers=4,
+                        head_dim=64, mlp_dim=512)
+MICRO = network.T5Config(vocab_size=128, emb_dim=32, num_heads=2, num_encoder_layers=2, num_decoder_layers=2,
+                         head_dim=8, mlp_dim=64, dropout_rate=0.0)
+
+
+def _variables(cfg, input_length=7, target_length=5):
+    enc = jnp.ones((1, input_length), jnp.int32)
+    dec = jnp.ones((1, target_length), jnp.int32)
+    return network.Transformer(cfg).init(jax.random.PRNGKey(0), enc, dec)
+
+
+def _init(cfg):
+    return network.Transformer(cfg), _variables(cfg)
+
+
+def _expected_param_count(cfg: network.T5Config) -> int:
+    d, h, k, m, v = cfg.emb_dim, cfg.num_heads, cfg.head_dim, cfg.mlp_dim, cfg.vocab_size
+    attention = 4 * d * h * k
+    mlp = 3 * d * m
+    encoder = cfg.num_encoder_layers * (attention + mlp + 2 * d) + d
+    decoder = cfg.num_decoder_layers * (2 * attention + mlp + 3 * d) + d
+    relpos = 2 * h * cfg.relative_attention_num_buckets
+    return v * d + encoder + decoder + relpos + d * v  # embedding + stacks + biases + untied output
+
+
+def test_tiny_param_shapes_and_count():
+    variables = jax.eval_shape(lambda: _variables(TINY))
+    params = nn.unbox(variables)["params"]
+    assert params["token_embedder"].shape == (2048, 256)
+    assert params["logits_dense"].shape == (256, 2048)
+    layer = params["encoder_layers_0"]
+    assert layer["attention"]["query"].shape == (256, 4, 64)
+    assert layer["attention"]["out"].shape == (4, 64, 256)
+    assert layer["mlp"]["wi_0"].shape == (256, 512)
+    assert layer["mlp"]["wi_1"].shape == (256, 512)
+    assert layer["mlp"]["wo"].shape == (512, 256)
+    assert params["encoder_relpos"]["rel_embedding"].shape == (4, 32)
+    assert "encoder_relpos" in params and "decoder_relpos" in params
+    assert not any("relpos" in k for k in layer)  # one bias table per stack, shared by its layers
+    count = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
+    # 2*2048*256 embeddings + 4*(4*256*256+3*256*512+2*256) + 4*(8*256*256+3*256*512+3*256) + 2*256 norms + 256 relpos
+    assert count == _expected_param_count(TINY) == 7_345_920
+
+
+@pytest.mark.parametrize("size,expected_millions", [("small", 76.96), ("base", 247.58)])
+def test_published_sizes_match_t5_1_1(size, expected_millions):
+    """T5.1.1 small/base have 77.0M/247.6M parameters with the 32,128-token vocabulary."""
+    dims = {"small": dict(emb_dim=512, num_heads=6, num_encoder_layers=8, num_decoder_layers=8, mlp_dim=1024),
+            "base": dict(emb_dim=768, num_heads=12, num_encoder_layers=12, num_decoder_layers=12, mlp_dim=2048)}
+    cfg = network.T5Config(vocab_size=32128, **dims[size])
+    variables = jax.eval_shape(lambda: _variables(cfg))
+    count = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nn.unbox(variables)))
+    assert count / 1e6 == pytest.approx(expected_millions, abs=0.01)
+
+
+def test_every_param_has_logical_names():
+    variables = jax.eval_shape(lambda: _variables(TINY))
+    boxed = jax.tree.leaves(variables, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
+    assert boxed and all(isinstance(b, nn.LogicallyPartitioned) for b in boxed)
+    for b in boxed:
+        assert len(b.names) == len(b.value.shape)
+
+
+def test_incremental_decoding_matches_teacher_forcing():
+    module, variables = _init(MICRO)
+    enc = jax.random.randint(jax.random.PRNGKey(1), (3, 7), 1, 128).at[0, 5:].set(0)
+    tgt = jax.random.randint(jax.random.PRNGKey(2), (3, 5), 1, 128)
+    dec_in = jnp.concatenate([jnp.zeros((3, 1), jnp.int32), tgt[:, :-1]], axis=1)
+    full = module.apply(variables, enc, dec_in)
+    context = module.apply(variables, enc, max_decode_len=5, method=network.Transformer.prefill)
+    cache = network.init_cache(MICRO, rows=3, max_decode_len=5)
+    steps = []
+    for t in range(5):
+        logits, cache = module.apply(variables, dec_in[:, t], position=jnp.int32(t), cache=cache, context=context,
+                                     method=network.Transformer.decode_step)
+        steps.append(logits)
+    np.testing.assert_allclose(np.stack(steps, 1), full, atol=1e-4, rtol=1e-4)
+
+
+def test_decode_step_shares_cross_attention_across_beams():
+    """batch*beams rows against per-query keys equal the same rows with the encoder repeated per beam."""
+    module, variables = _init(MICRO)
+    enc = jax.random.randint(jax.random.PRNGKey(3), (2, 7), 1, 128)
+    beams = 3
+    tokens = jax.random.randint(jax.random.PRNGKey(4), (2 * beams,), 1, 128)
+    shared = module.apply(variables, enc, max_decode_len=4, method=network.Transformer.prefill)
+    repeated = module.apply(variables, jnp.repeat(enc, beams, axis=0), max_decode_len=4,
+                            method=network.Transformer.prefill)
+    cache = network.init_cache(MICRO, rows=2 * beams, max_decode_len=4)
+    a, _ = module.apply(variables, tokens, position=jnp.int32(0), cache=cache, context=shared,
+                        method=network.Transformer.decode_step)
+    b, _ = module.apply(variables, tokens, position=jnp.int32(0), cache=cache, context=repeated,
+                        method=network.Transformer.decode_step)
+    np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_padding_in_encoder_input_does_not_change_outputs():
+    module, variables = _init(MICRO)
+    enc = jax.random.randint(jax.random.PRNGKey(5), (1, 4), 1, 128)
+    padded = jnp.concatenate([enc, jnp.zeros((1, 3), jnp.int32)], axis=1)
+    dec_in = jnp.array([[0, 5, 6]])
+    np.testing.assert_allclose(module.apply(variables, enc, dec_in), module.apply(variables, padded, dec_in),
+                               atol=1e-5)
+
+
+def test_dropout_is_active_only_when_enabled():
+    cfg = network.T5Config(**{**MICRO.__dict__, "dropout_rate": 0.5})
+    module, variables = _init(cfg)
+    enc = jnp.ones((2, 7), jnp.int32)
+    dec = jnp.ones((2, 5), jnp.int32)
+    a = module.apply(variables, enc, dec)
+    b = module.apply(variables, enc, dec)
+    np.testing.assert_array_equal(a, b)
+    c = module.apply(variables, enc, dec, enable_dropout=True, rngs={"dropout": jax.random.PRNGKey(1)})
+    assert not np.allclose(a, c)
+
+
+def test_relative_position_buckets_hand_computed():
+    rel = jnp.array([-200, -20, -3, 0, 3, 20, 200])
+    bi = network.relative_position_bucket(rel, bidirectional=True, num_buckets=32, max_distance=128)
+    uni = network.relative_position_bucket(rel, bidirectional=False, num_buckets=32, max_distance=128)
+    # Bidirectional: 16 buckets per direction, 8 of them exact; keys after the query use the upper half.
+    # n = query - key; small n exact, larger ones 8 + log(n/8)/log(128/8)*8, e.g. n=20 -> 8 + 2.64 -> 10.
+    np.testing.assert_array_equal(bi, [15, 10, 3, 0, 19, 26, 31])
+    # Causal: 16 exact buckets, keys after the query all map to 0; n=20 -> 16 + log(20/16)/log(8)*16 -> 17.
+    np.testing.assert_array_equal(uni, [31, 17, 3, 0, 0, 0, 0])
+
+
+def test_unknown_activation_fails_early():
+    with pytest.raises(ValueError, match="Unknown MLP activation"):
+        network.T5Config(mlp_activations=("swishy", "linear"))
