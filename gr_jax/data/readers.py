@@ -1,0 +1,345 @@
+"""Streaming readers for retrieval datasets in the official MS MARCO and BEIR file layouts.
+
+Why streaming: the MS MARCO passage collection has 8.8M lines; callers (tokenisation, BM25 indexing,
+vocabulary training) consume passages one at a time, so the readers never hold all text in memory.
+Queries and qrels are small (at most ~1M lines) and qrels are returned as a dict in the
+`{qid: {docid: relevance}}` form that pytrec_eval and ir_measures consume directly.
+
+Layouts (`open_dataset` detects which one a directory holds):
+
+MS MARCO passage::
+
+    collection.tsv          pid \\t passage
+    queries.{split}.tsv     qid \\t query                 (split: train, dev, eval, dev.small, ...)
+    qrels.{split}.tsv       qid \\t 0 \\t pid \\t rel       (TREC qrels; any whitespace also accepted)
+
+BEIR::
+
+    corpus.jsonl            {"_id": ..., "title": ..., "text": ...}
+    queries.jsonl           {"_id": ..., "text": ...}
+    qrels/{split}.tsv       header "query-id corpus-id score", then qid \\t docid \\t score
+
+Malformed input raises `DataFormatError` naming `path:line`; nothing is silently cut or dropped.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import pathlib
+from collections.abc import Collection, Iterable, Iterator, Sequence
+from typing import Literal
+
+PathLike = str | os.PathLike
+
+logger = logging.getLogger(__name__)
+
+_MSMARCO_COLLECTION = "collection.tsv"
+_BEIR_CORPUS = "corpus.jsonl"
+_BEIR_QUERIES = "queries.jsonl"
+_BEIR_QRELS_DIR = "qrels"
+_BEIR_QRELS_HEADER = ("query-id", "corpus-id", "score")
+
+_MSMARCO_EXPECTED = "MS MARCO layout: collection.tsv, queries.{split}.tsv, qrels.{split}.tsv"
+_BEIR_EXPECTED = "BEIR layout: corpus.jsonl, queries.jsonl, qrels/{split}.tsv"
+
+
+class DataFormatError(ValueError):
+    """Malformed dataset input; the message starts with `path:line:` and says what was expected.
+
+    Raise it as `DataFormatError(f"{path}:{line}: ...")` or, equivalently, `DataFormatError.at(path, line, ...)`.
+    """
+
+    @classmethod
+    def at(cls, path: PathLike, line: int, message: str) -> "DataFormatError":
+        return cls(f"{os.fspath(path)}:{line}: {message}")
+
+
+def read_lines(path: PathLike) -> Iterator[tuple[int, str]]:
+    """Yields (1-based line number, line without its `\\n` / `\\r\\n`).
+
+    The file is read in binary and split on `\\n` only: a stray `\\r` inside a passage must not split it
+    into two records the way text-mode universal newlines would. Decoding errors name the line.
+    """
+    with open(path, "rb") as f:
+        for line_number, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataFormatError.at(path, line_number, f"not valid UTF-8 ({e.reason} at byte {e.start})") from None
+            if line.endswith("\n"):
+                line = line[:-1]
+                if line.endswith("\r"):
+                    line = line[:-1]
+            yield line_number, line
+
+
+_lines = read_lines  # Former private name, still imported by some modules.
+
+
+def _read_id_text_tsv(path: PathLike, *, id_name: str, text_name: str) -> Iterator[tuple[str, str]]:
+    """Shared body of `read_collection` / `read_queries`: exactly two tab-separated columns, unique ids."""
+    seen: set[str] = set()
+    for line_number, line in read_lines(path):
+        columns = line.split("\t")
+        if len(columns) != 2:
+            raise DataFormatError.at(
+                path, line_number,
+                f"expected 2 tab-separated columns ({id_name} \\t {text_name}), found {len(columns)}"
+                + (" (a tab inside the text is not allowed)" if len(columns) > 2 else ""))
+        item_id, text = columns
+        if not item_id.strip() or item_id != item_id.strip():
+            raise DataFormatError.at(path, line_number, f"empty or space-padded {id_name} {item_id!r}")
+        if item_id in seen:
+            raise DataFormatError.at(path, line_number, f"duplicate {id_name} {item_id!r}")
+        seen.add(item_id)
+        yield item_id, text
+
+
+def read_collection(path: PathLike) -> Iterator[tuple[str, str]]:
+    """Streams `(pid, passage)` from an MS MARCO `collection.tsv` (`pid \\t passage`).
+
+    Duplicate pids are detected with a set of the ids seen so far: the only state kept while streaming.
+    For MS MARCO's 8.8M short pids that set takes ~0.8 GB (56-byte str objects plus the hash table),
+    which fits any host that trains on the collection; the passages themselves are never kept.
+    """
+    return _read_id_text_tsv(path, id_name="pid", text_name="passage")
+
+
+def read_queries(path: PathLike) -> Iterator[tuple[str, str]]:
+    """Streams `(qid, query)` from an MS MARCO `queries.{split}.tsv` (`qid \\t query`); qids must be unique."""
+    return _read_id_text_tsv(path, id_name="qid", text_name="query")
+
+
+def _add_qrel(qrels: dict[str, dict[str, int]], *, path: PathLike, line_number: int, qid: str, docid: str,
+              relevance: str) -> None:
+    if not qid or not docid:
+        raise DataFormatError.at(path, line_number, f"empty query id or document id ({qid!r}, {docid!r})")
+    try:
+        rel = int(relevance)
+    except ValueError:
+        raise DataFormatError.at(path, line_number, f"relevance must be an integer, got {relevance!r}") from None
+    judged = qrels.setdefault(qid, {})
+    if docid in judged:
+        raise DataFormatError.at(path, line_number, f"duplicate judgement for query {qid!r}, document {docid!r}")
+    judged[docid] = rel
+
+
+def read_qrels(path: PathLike) -> dict[str, dict[str, int]]:
+    """Reads TREC qrels (`qid 0 docid rel`, tab- or whitespace-separated) into `{qid: {docid: rel}}`.
+
+    A (qid, docid) pair judged twice is an error rather than a silent last-one-wins overwrite.
+    """
+    qrels: dict[str, dict[str, int]] = {}
+    for line_number, line in read_lines(path):
+        columns = line.split()
+        if len(columns) != 4:
+            raise DataFormatError.at(path, line_number,
+                                     f"expected 4 columns (qid 0 docid relevance), found {len(columns)}")
+        qid, _, docid, relevance = columns
+        _add_qrel(qrels, path=path, line_number=line_number, qid=qid, docid=docid, relevance=relevance)
+    return qrels
+
+
+def _read_jsonl(path: PathLike) -> Iterator[tuple[int, dict]]:
+    for line_number, line in read_lines(path):
+        if not line.strip():
+            raise DataFormatError.at(path, line_number, "empty line; expected one JSON object per line")
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataFormatError.at(path, line_number, f"invalid JSON ({e.msg} at column {e.colno})") from None
+        if not isinstance(record, dict):
+            raise DataFormatError.at(path, line_number, f"expected a JSON object, got {type(record).__name__}")
+        yield line_number, record
+
+
+def _jsonl_string(record: dict, key: str, *, path: PathLike, line_number: int, required: bool) -> str:
+    value = record.get(key)
+    if value is None:
+        if required:
+            raise DataFormatError.at(path, line_number, f"missing field {key!r}")
+        return ""
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise DataFormatError.at(path, line_number, f"field {key!r} must be a string, got {type(value).__name__}")
+    return str(value)
+
+
+def _read_beir_id_text(path: PathLike, *, with_title: bool) -> Iterator[tuple[str, str]]:
+    seen: set[str] = set()
+    for line_number, record in _read_jsonl(path):
+        item_id = _jsonl_string(record, "_id", path=path, line_number=line_number, required=True)
+        if not item_id.strip():
+            raise DataFormatError.at(path, line_number, "empty '_id'")
+        if item_id in seen:
+            raise DataFormatError.at(path, line_number, f"duplicate '_id' {item_id!r}")
+        seen.add(item_id)
+        text = _jsonl_string(record, "text", path=path, line_number=line_number, required=True)
+        if with_title:
+            title = _jsonl_string(record, "title", path=path, line_number=line_number, required=False)
+            if title:
+                text = f"{title} {text}"
+        yield item_id, text
+
+
+def read_beir_corpus(path: PathLike) -> Iterator[tuple[str, str]]:
+    """Streams `(docid, text)` from a BEIR `corpus.jsonl`; text is `title + " " + text` when the title is non-empty."""
+    return _read_beir_id_text(path, with_title=True)
+
+
+def read_beir_queries(path: PathLike) -> Iterator[tuple[str, str]]:
+    """Streams `(qid, text)` from a BEIR `queries.jsonl` (all splits' queries in one file)."""
+    return _read_beir_id_text(path, with_title=False)
+
+
+def read_beir_qrels(path: PathLike) -> dict[str, dict[str, int]]:
+    """Reads a BEIR `qrels/{split}.tsv` (header `query-id corpus-id score`) into `{qid: {docid: score}}`."""
+    qrels: dict[str, dict[str, int]] = {}
+    for line_number, line in read_lines(path):
+        columns = line.split("\t") if "\t" in line else line.split()
+        if line_number == 1:
+            if tuple(c.strip() for c in columns) != _BEIR_QRELS_HEADER:
+                raise DataFormatError.at(path, line_number,
+                                         f"expected the header {' '.join(_BEIR_QRELS_HEADER)!r}, found {line!r}")
+            continue
+        if len(columns) != 3:
+            raise DataFormatError.at(path, line_number,
+                                     f"expected 3 columns (query-id corpus-id score), found {len(columns)}")
+        qid, docid, score = (c.strip() for c in columns)
+        _add_qrel(qrels, path=path, line_number=line_number, qid=qid, docid=docid, relevance=score)
+    return qrels
+
+
+@dataclasses.dataclass(frozen=True)
+class RetrievalDataset:
+    """A retrieval dataset directory in the MS MARCO or BEIR layout; use `open_dataset` to create one.
+
+    Every accessor re-reads its file, so `collection()` can be streamed several times (e.g. once for the
+    vocabulary, once for tokenisation) without keeping passages in memory.
+    """
+
+    data_dir: pathlib.Path
+    layout: Literal["msmarco", "beir"]
+
+    @property
+    def collection_path(self) -> pathlib.Path:
+        return self.data_dir / (_MSMARCO_COLLECTION if self.layout == "msmarco" else _BEIR_CORPUS)
+
+    def _queries_path(self, split: str) -> pathlib.Path:
+        if self.layout == "msmarco":
+            return self.data_dir / f"queries.{split}.tsv"
+        return self.data_dir / _BEIR_QUERIES
+
+    def _qrels_path(self, split: str) -> pathlib.Path:
+        if self.layout == "msmarco":
+            return self.data_dir / f"qrels.{split}.tsv"
+        return self.data_dir / _BEIR_QRELS_DIR / f"{split}.tsv"
+
+    def splits(self) -> tuple[str, ...]:
+        """The splits present in the directory: MS MARCO `queries.{split}.tsv` files, or BEIR `qrels/{split}.tsv`."""
+        if self.layout == "msmarco":
+            names = [p.name[len("queries."):-len(".tsv")] for p in self.data_dir.glob("queries.*.tsv")]
+        else:
+            qrels_dir = self.data_dir / _BEIR_QRELS_DIR
+            names = [p.stem for p in qrels_dir.glob("*.tsv")] if qrels_dir.is_dir() else []
+        return tuple(sorted(names))
+
+    def _require(self, path: pathlib.Path, what: str) -> pathlib.Path:
+        if not path.is_file():
+            expected = _MSMARCO_EXPECTED if self.layout == "msmarco" else _BEIR_EXPECTED
+            raise FileNotFoundError(
+                f"{what}: {path} does not exist. {self.data_dir} holds the {expected}; "
+                f"splits found there: {list(self.splits()) or 'none'}")
+        return path
+
+    def collection(self) -> Iterator[tuple[str, str]]:
+        """Streams `(docid, text)` for every document."""
+        path = self._require(self.collection_path, "document collection")
+        return read_collection(path) if self.layout == "msmarco" else read_beir_corpus(path)
+
+    def queries(self, split: str) -> Iterator[tuple[str, str]]:
+        """Streams `(qid, text)` for the queries of `split`.
+
+        BEIR keeps all queries in one file; a split's queries are those its qrels name (as BEIR's own loader
+        does). Qrels naming queries absent from `queries.jsonl` are counted in a logged warning.
+        """
+        path = self._require(self._queries_path(split), f"queries of split {split!r}")
+        if self.layout == "msmarco":
+            return read_queries(path)
+        return self._beir_split_queries(path, wanted=set(self.qrels(split)), qrels_path=self._qrels_path(split))
+
+    @staticmethod
+    def _beir_split_queries(path: pathlib.Path, *, wanted: set[str],
+                            qrels_path: pathlib.Path) -> Iterator[tuple[str, str]]:
+        found = 0
+        for qid, text in read_beir_queries(path):
+            if qid in wanted:
+                found += 1
+                yield qid, text
+        if found < len(wanted):
+            logger.warning("%d queries named in %s are missing from %s", len(wanted) - found, qrels_path, path)
+
+    def qrels(self, split: str) -> dict[str, dict[str, int]]:
+        """Relevance judgements `{qid: {docid: rel}}` of `split`."""
+        path = self._require(self._qrels_path(split), f"qrels of split {split!r}")
+        return read_qrels(path) if self.layout == "msmarco" else read_beir_qrels(path)
+
+    def check_qrels(self, split: str, *, docids: Collection[str] | None = None) -> int:
+        """Counts the qrels of `split` naming documents not in `docids` (default: the collection's ids).
+
+        Returns the count and logs `N qrels name unknown documents` when it is non-zero: such judgements
+        can never be retrieved, so they cap recall; this is worth knowing but not worth failing for.
+        """
+        known = set(docids) if docids is not None else {docid for docid, _ in self.collection()}
+        qrels = self.qrels(split)
+        unknown = sum(1 for judged in qrels.values() for docid in judged if docid not in known)
+        if unknown:
+            total = sum(len(judged) for judged in qrels.values())
+            logger.warning("%d qrels name unknown documents (of %d judgements in %s)", unknown, total,
+                            self._qrels_path(split))
+        return unknown
+
+
+def open_dataset(data_dir: PathLike) -> RetrievalDataset:
+    """Opens `data_dir`, detecting the MS MARCO (`collection.tsv`) or BEIR (`corpus.jsonl`) layout."""
+    data_dir = pathlib.Path(data_dir)
+    if not data_dir.is_dir():
+        raise FileNotFoundError(f"dataset directory {data_dir} does not exist; expected the {_MSMARCO_EXPECTED} "
+                                f"or the {_BEIR_EXPECTED}")
+    if (data_dir / _MSMARCO_COLLECTION).is_file():
+        return RetrievalDataset(data_dir=data_dir, layout="msmarco")
+    if (data_dir / _BEIR_CORPUS).is_file():
+        return RetrievalDataset(data_dir=data_dir, layout="beir")
+    found = sorted(p.name for p in data_dir.iterdir())
+    raise FileNotFoundError(f"{data_dir} holds neither the {_MSMARCO_EXPECTED} nor the {_BEIR_EXPECTED}; "
+                            f"found: {found or 'nothing'}")
+
+
+def write_tsv(path: PathLike, rows: Iterable[Sequence[str | int]]) -> int:
+    """Writes tab-separated rows (the MS MARCO layout) and returns the number of rows written.
+
+    Fields containing a tab or line break are refused, since the readers would split them; the file is
+    written to a temporary name and renamed, so a failed write never leaves a truncated file behind.
+    """
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp_name = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    count = 0
+    try:
+        with open(tmp_name, "w", encoding="utf-8", newline="\n") as f:
+            for count, row in enumerate(rows, start=1):
+                fields = []
+                for field in row:
+                    if isinstance(field, bool) or not isinstance(field, (str, int)):
+                        raise DataFormatError.at(path, count, f"field {field!r} must be a str or int")
+                    field = str(field)
+                    if any(c in field for c in "\t\n\r"):
+                        raise DataFormatError.at(path, count, f"field {field!r} contains a tab or line break")
+                    fields.append(field)
+                f.write("\t".join(fields) + "\n")
+        os.replace(tmp_name, path)
+    except BaseException:
+        tmp_name.unlink(missing_ok=True)
+        raise
+    return count

@@ -1,0 +1,388 @@
+"""Builds the WordNet 3.0 reverse-dictionary retrieval dataset (the embedded default corpus).
+
+Reverse dictionary: given a definition ("a dairy product made by curdling milk"), retrieve the concept.
+Each noun synset is one document whose docid is its 8-digit synset offset (e.g. "07555863", a natural
+naive docid); the document text is its lemma names, its hypernyms ("a kind of X, Y") and its usage
+examples; the query is its definition, which is *not* part of the document text. Synsets are split by a
+stable hash of the offset into dev queries (`dev_fraction`) and the rest, of which a `coverage` fraction
+get a training query, mirroring the corpus regimes of the study (coverage 0.93 / 0.52 / 0.06). The sets are
+nested: with one seed, the training synsets at coverage 0.52 are a subset of those at 0.93.
+
+The output directory has the official MS MARCO layout (collection.tsv, queries.{train,dev}.tsv,
+qrels.{train,dev}.tsv) read by `gr_jax.data.readers.open_dataset`, plus summary.json.
+
+    python -m tools.wordnet --out_dir data/wordnet_food --lexfiles noun.food [--wordnet_dir /usr/share/wordnet]
+        [--coverage 1.0] [--dev_fraction 0.2] [--seed 0]
+
+The WordNet dict files come from Debian's `wordnet-base` (/usr/share/wordnet) or any WordNet 3.0 dict dir,
+such as NLTK's nltk_data/corpora/wordnet. data.noun is parsed here directly (wndb(5WN) format).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import filecmp
+import hashlib
+import json
+import logging
+import os
+import pathlib
+import re
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+
+from gr_jax.data.readers import DataFormatError, read_lines, write_tsv
+
+DEFAULT_WORDNET_DIR = "/usr/share/wordnet"
+ALL_NOUNS = "all"
+
+# The 45 lexicographer files of WordNet 3.0 (lexnames(5WN)), indexed by lex_filenum. Debian's wordnet-base
+# ships no `lexnames` file; when a dict dir has one (NLTK's copy does) it is read instead.
+LEXNAMES: tuple[str, ...] = (
+    "adj.all", "adj.pert", "adv.all", "noun.Tops", "noun.act", "noun.animal", "noun.artifact",
+    "noun.attribute", "noun.body", "noun.cognition", "noun.communication", "noun.event", "noun.feeling",
+    "noun.food", "noun.group", "noun.location", "noun.motive", "noun.object", "noun.person",
+    "noun.phenomenon", "noun.plant", "noun.possession", "noun.process", "noun.quantity", "noun.relation",
+    "noun.shape", "noun.state", "noun.substance", "noun.time", "verb.body", "verb.change", "verb.cognition",
+    "verb.communication", "verb.competition", "verb.consumption", "verb.contact", "verb.creation",
+    "verb.emotion", "verb.motion", "verb.perception", "verb.possession", "verb.social", "verb.stative",
+    "verb.weather", "adj.ppl",
+)
+
+OUTPUT_FILES = ("collection.tsv", "queries.train.tsv", "queries.dev.tsv", "qrels.train.tsv", "qrels.dev.tsv",
+                "summary.json")
+
+_OFFSET = re.compile(r"\d{8}")
+_POINTERS = re.compile(r"(?:\S+ \d{8} [nvasr] [0-9a-f]{4}(?: |$))*")  # `symbol offset pos source/target`, repeated.
+_QUOTE = re.compile('"')
+_LEX_ID = re.compile(r"[0-9a-f]")
+_ADJECTIVE_MARKER = re.compile(r"\((?:a|p|ip)\)$")
+_EXAMPLE_SEPARATORS = ";:,"
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Synset:
+    """One noun synset of data.noun; `hypernyms` / `instance_hypernyms` hold synset offsets."""
+
+    offset: str
+    lexname: str
+    lemmas: tuple[str, ...]
+    hypernyms: tuple[str, ...]
+    instance_hypernyms: tuple[str, ...]
+    definition: str
+    examples: tuple[str, ...]
+
+
+def _missing_wordnet(message: str) -> FileNotFoundError:
+    return FileNotFoundError(
+        f"{message}. Install the WordNet 3.0 dict files with `apt-get install -y wordnet-base` (they land in "
+        f"{DEFAULT_WORDNET_DIR}) or pass --wordnet_dir pointing at a WordNet dict dir such as NLTK's "
+        "nltk_data/corpora/wordnet")
+
+
+def _data_lines(path: pathlib.Path) -> Iterator[tuple[int, str]]:
+    """Yields (line number, line) of a wndb file, skipping the license header (lines starting with two spaces)."""
+    for line_number, line in read_lines(path):
+        if not line.startswith("  "):
+            yield line_number, line
+
+
+def read_lexnames(wordnet_dir: str | os.PathLike) -> tuple[str, ...]:
+    """Lexicographer file names by lex_filenum: the dir's `lexnames` file (`NN name pos`) or the standard table."""
+    path = pathlib.Path(wordnet_dir) / "lexnames"
+    if not path.is_file():
+        return LEXNAMES
+    names: dict[int, str] = {}
+    for line_number, line in _data_lines(path):
+        columns = line.split()
+        if len(columns) < 2 or not columns[0].isdigit():
+            raise DataFormatError.at(path, line_number, "expected `lex_filenum lexname [pos]`")
+        names[int(columns[0])] = columns[1]
+    if sorted(names) != list(range(len(names))):
+        raise DataFormatError.at(path, 1, f"lex_filenums must run 0..{len(names) - 1} without gaps")
+    return tuple(names[i] for i in range(len(names)))
+
+
+def split_gloss(gloss: str) -> tuple[str, tuple[str, ...]]:
+    """Splits a gloss into (definition, usage examples).
+
+    Examples are the quoted sentences after the definition: they start at the first opening `"` that begins
+    the gloss or follows `;`, `:` or `,` (quotes inside the definition, as in `the phrase "make strides"`,
+    follow a word and stay in it). The example part is cut at `;` outside quotes; each piece loses its `"`
+    marks but keeps everything else, e.g. the attribution in `"..."- Shakespeare`. Nothing is dropped.
+    """
+    gloss = gloss.strip()
+    quote_positions = [match.start() for match in _QUOTE.finditer(gloss)]
+    start = len(gloss)
+    for i in quote_positions[::2]:  # Opening quotes: an even number of quotes precedes them.
+        before = gloss[:i].rstrip()
+        if not before or before[-1] in _EXAMPLE_SEPARATORS:
+            start = i
+            break
+    definition = gloss[:start].strip().rstrip(_EXAMPLE_SEPARATORS + " ")
+    examples = []
+    piece, in_quote = [], False
+    for c in gloss[start:] + ";":
+        if c == '"':
+            in_quote = not in_quote
+        elif c == ";" and not in_quote:
+            example = "".join(piece).strip()
+            if example:
+                examples.append(example)
+            piece = []
+        else:
+            piece.append(c)
+    if in_quote and "".join(piece).strip():  # An unclosed quote swallowed the separators: keep the text.
+        examples.append("".join(piece).strip().rstrip(";").strip())
+    return definition, tuple(examples)
+
+
+def _lemma_text(word: str) -> str:
+    return _ADJECTIVE_MARKER.sub("", word).replace("_", " ")
+
+
+def parse_data_line(line: str, *, path: str | os.PathLike, line_number: int,
+                    lexnames: Sequence[str]) -> Synset:
+    """Parses one data.noun line: `offset lex_filenum ss_type w_cnt (word lex_id)* p_cnt (ptr)* | gloss`.
+
+    w_cnt and lex_id are hexadecimal, p_cnt decimal; a pointer is `symbol offset pos source/target`.
+    """
+    def fail(message: str) -> DataFormatError:
+        return DataFormatError.at(path, line_number, message)
+
+    fields, bar, gloss = line.partition(" | ")
+    if not bar:
+        fields, bar, gloss = line.partition("|")
+    if not bar:
+        raise fail("expected `... | gloss`")
+    tokens = fields.split()
+    if len(tokens) < 6:
+        raise fail("expected `synset_offset lex_filenum ss_type w_cnt word lex_id ... p_cnt`")
+    offset, lex_filenum, ss_type, w_cnt = tokens[:4]
+    if not _OFFSET.fullmatch(offset):
+        raise fail(f"synset_offset {offset!r} is not 8 digits")
+    if not lex_filenum.isdigit() or int(lex_filenum) >= len(lexnames):
+        raise fail(f"lex_filenum {lex_filenum!r} is not one of 0..{len(lexnames) - 1}")
+    if ss_type != "n":
+        raise fail(f"ss_type {ss_type!r}: data.noun holds noun synsets (n) only")
+    try:
+        word_count = int(w_cnt, 16)
+    except ValueError:
+        raise fail(f"w_cnt {w_cnt!r} is not a hexadecimal number") from None
+    if word_count < 1:
+        raise fail("a synset needs at least one word")
+    position = 4 + 2 * word_count
+    if len(tokens) < position + 1:
+        raise fail(f"w_cnt is {word_count} but the line has fewer words")
+    lemmas = tuple(_lemma_text(word) for word in tokens[4:position:2])
+    bad_lex_ids = [lex_id for lex_id in tokens[5:position:2] if not _LEX_ID.fullmatch(lex_id)]
+    if bad_lex_ids:
+        raise fail(f"lex_id {bad_lex_ids[0]!r} is not one hexadecimal digit")
+    p_cnt = tokens[position]
+    if not p_cnt.isdigit():
+        raise fail(f"p_cnt {p_cnt!r} is not a decimal number (check w_cnt, which is hexadecimal)")
+    pointer_count = int(p_cnt)
+    pointers = tokens[position + 1:]
+    if len(pointers) != 4 * pointer_count:
+        raise fail(f"p_cnt is {pointer_count}: expected {4 * pointer_count} pointer fields, found {len(pointers)}")
+    if not _POINTERS.fullmatch(" ".join(pointers)):
+        bad = next(pointers[i:i + 4] for i in range(0, len(pointers), 4)
+                   if not _POINTERS.fullmatch(" ".join(pointers[i:i + 4])))
+        raise fail(f"malformed pointer {' '.join(bad)!r}: expected `symbol offset pos source/target`")
+    hypernyms, instance_hypernyms = [], []
+    for symbol, target, pos in zip(pointers[0::4], pointers[1::4], pointers[2::4]):
+        if symbol in ("@", "@i"):
+            if pos != "n":
+                raise fail(f"noun hypernym pointer to a synset of pos {pos!r}")
+            (hypernyms if symbol == "@" else instance_hypernyms).append(target)
+    definition, examples = split_gloss(gloss)
+    return Synset(offset=offset, lexname=lexnames[int(lex_filenum)], lemmas=lemmas, hypernyms=tuple(hypernyms),
+                  instance_hypernyms=tuple(instance_hypernyms), definition=definition, examples=examples)
+
+
+def read_noun_synsets(wordnet_dir: str | os.PathLike) -> dict[str, Synset]:
+    """All synsets of `wordnet_dir/data.noun`, by offset, in file order; checks every hypernym exists."""
+    wordnet_dir = pathlib.Path(wordnet_dir)
+    if not wordnet_dir.is_dir():
+        raise _missing_wordnet(f"WordNet dict dir {wordnet_dir} does not exist")
+    path = wordnet_dir / "data.noun"
+    if not path.is_file():
+        found = sorted(p.name for p in wordnet_dir.iterdir())
+        raise _missing_wordnet(f"{wordnet_dir} has no data.noun (found: {found or 'nothing'})")
+    lexnames = read_lexnames(wordnet_dir)
+    synsets: dict[str, Synset] = {}
+    line_numbers: dict[str, int] = {}
+    for line_number, line in _data_lines(path):
+        synset = parse_data_line(line, path=path, line_number=line_number, lexnames=lexnames)
+        if synset.offset in synsets:
+            raise DataFormatError.at(path, line_number, f"duplicate synset_offset {synset.offset}")
+        synsets[synset.offset] = synset
+        line_numbers[synset.offset] = line_number
+    for synset in synsets.values():
+        for target in synset.hypernyms + synset.instance_hypernyms:
+            if target not in synsets:
+                raise DataFormatError.at(path, line_numbers[synset.offset],
+                                         f"hypernym pointer to {target}, which is not in data.noun")
+    return synsets
+
+
+def document_text(synset: Synset, synsets: Mapping[str, Synset]) -> str:
+    """`lemma, lemma; a kind of X, Y; an instance of Z; example; example` (no definition: that is the query).
+
+    Hypernyms contribute their first two lemma names; instance hypernyms (`@i`, e.g. a city -> "an instance
+    of city") are phrased as such, since "a kind of" would be false for them.
+    """
+    parts = [", ".join(synset.lemmas)]
+    parts += ["a kind of " + ", ".join(synsets[h].lemmas[:2]) for h in synset.hypernyms]
+    parts += ["an instance of " + ", ".join(synsets[h].lemmas[:2]) for h in synset.instance_hypernyms]
+    parts += synset.examples
+    return "; ".join(part for part in parts if part)
+
+
+def stable_fraction(offset: str, *, purpose: str, seed: int) -> float:
+    """A uniform number in [0, 1) fixed by (seed, purpose, offset): MD5, so it is the same on every machine
+    and Python run (unlike `hash()`), and independent between purposes ("dev" and "coverage")."""
+    digest = hashlib.md5(f"{seed}:{purpose}:{offset}".encode("ascii")).digest()
+    return int.from_bytes(digest[:8], "big") / 2.0**64
+
+
+def _resolve_lexfiles(lexfiles: str | Sequence[str], lexnames: Sequence[str]) -> tuple[str, ...]:
+    names = [lexfiles] if isinstance(lexfiles, str) else list(lexfiles)
+    names = [name.strip() for entry in names for name in entry.split(",") if name.strip()]
+    nouns = tuple(name for name in lexnames if name.startswith("noun."))
+    if names == [ALL_NOUNS]:
+        return nouns
+    if not names:
+        raise ValueError(f"no lexicographer files given; choose {ALL_NOUNS!r} or some of {list(nouns)}")
+    unknown = [name for name in names if name not in nouns]
+    if unknown:
+        raise ValueError(f"unknown noun lexicographer files {unknown}; choose {ALL_NOUNS!r} or some of {list(nouns)}")
+    return tuple(dict.fromkeys(names))
+
+
+def _install_outputs(built: pathlib.Path, out_dir: pathlib.Path, *, overwrite: bool) -> None:
+    """Moves the built files into `out_dir`; refuses to change existing different files unless `overwrite`."""
+    changed = [name for name in OUTPUT_FILES
+               if (out_dir / name).exists() and not filecmp.cmp(built / name, out_dir / name, shallow=False)]
+    if changed and not overwrite:
+        raise FileExistsError(f"{out_dir} already holds a different dataset ({', '.join(changed)} differ); "
+                              "pass --overwrite to replace it")
+    if changed and (out_dir / "spm.model").exists():
+        logger.warning("%s/spm.model was trained on the previous data: retrain it with "
+                       "`python -m tools.make_vocab --data_dir %s --overwrite`", out_dir, out_dir)
+    for name in OUTPUT_FILES:
+        os.replace(built / name, out_dir / name)
+
+
+def build_reverse_dictionary(
+    *,
+    wordnet_dir: str | os.PathLike = DEFAULT_WORDNET_DIR,
+    lexfiles: str | Sequence[str],
+    out_dir: str | os.PathLike,
+    coverage: float = 1.0,
+    dev_fraction: float = 0.2,
+    seed: int = 0,
+    overwrite: bool = False,
+) -> dict:
+    """Writes the reverse-dictionary dataset for the noun synsets of `lexfiles` ("all" = every noun) and
+    returns its summary (also written to summary.json).
+
+    Every selected synset is a document. A synset whose stable hash falls under `dev_fraction` has its
+    definition as a dev query; of the others, those under `coverage` (a second hash) get a training query.
+    A synset with an empty definition stays a document without a query; it is counted in the summary.
+    """
+    if not 0.0 <= coverage <= 1.0:
+        raise ValueError(f"coverage must be in [0, 1], got {coverage}")
+    if not 0.0 <= dev_fraction <= 1.0:
+        raise ValueError(f"dev_fraction must be in [0, 1], got {dev_fraction}")
+    synsets = read_noun_synsets(wordnet_dir)
+    selected_lexfiles = _resolve_lexfiles(lexfiles, read_lexnames(wordnet_dir))
+    wanted = set(selected_lexfiles)
+    selected = [synset for synset in synsets.values() if synset.lexname in wanted]
+
+    documents, train_queries, dev_queries = [], [], []
+    dev_synsets = train_pool = empty_definition = empty_document = 0
+    for synset in selected:
+        text = document_text(synset, synsets)
+        empty_document += not text
+        documents.append((synset.offset, text))
+        is_dev = stable_fraction(synset.offset, purpose="dev", seed=seed) < dev_fraction
+        dev_synsets += is_dev
+        if not synset.definition:
+            empty_definition += 1
+            continue
+        query = (synset.offset, synset.definition)
+        if is_dev:
+            dev_queries.append(query)
+        else:
+            train_pool += 1
+            if stable_fraction(synset.offset, purpose="coverage", seed=seed) < coverage:
+                train_queries.append(query)
+
+    summary = {
+        "dataset": "WordNet 3.0 reverse dictionary (query: definition; document: lemmas, hypernyms, examples)",
+        "wordnet_dir": str(wordnet_dir),
+        "lexfiles": list(selected_lexfiles),
+        "documents": len(documents),
+        "train_queries": len(train_queries),
+        "dev_queries": len(dev_queries),
+        "documents_without_query": len(documents) - len(train_queries) - len(dev_queries),
+        "empty_definition": empty_definition,
+        "empty_document_text": empty_document,
+        "dev_fraction": dev_fraction,
+        "dev_fraction_achieved": dev_synsets / len(documents) if documents else 0.0,
+        "coverage": coverage,
+        "coverage_achieved": len(train_queries) / train_pool if train_pool else 0.0,
+        "seed": seed,
+    }
+    if empty_definition or empty_document:
+        logger.warning("%d synsets have an empty definition (documents without a query) and %d an empty "
+                       "document text", empty_definition, empty_document)
+
+    out_dir = pathlib.Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".build-") as tmp:
+        built = pathlib.Path(tmp)
+        write_tsv(built / "collection.tsv", documents)
+        for split, queries in (("train", train_queries), ("dev", dev_queries)):
+            write_tsv(built / f"queries.{split}.tsv", queries)
+            write_tsv(built / f"qrels.{split}.tsv", ((qid, 0, qid, 1) for qid, _ in queries))
+        (built / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        _install_outputs(built, out_dir, overwrite=overwrite)
+    return summary
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m tools.wordnet", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out_dir", required=True, help="dataset directory to write (MS MARCO layout)")
+    parser.add_argument("--lexfiles", nargs="+", required=True,
+                        help=f"noun lexicographer files (noun.food noun.plant, or comma-separated) or {ALL_NOUNS!r}")
+    parser.add_argument("--wordnet_dir", default=DEFAULT_WORDNET_DIR,
+                        help=f"WordNet 3.0 dict dir holding data.noun (default: {DEFAULT_WORDNET_DIR})")
+    parser.add_argument("--coverage", type=float, default=1.0,
+                        help="fraction of non-dev synsets whose definition is a training query (default: 1.0)")
+    parser.add_argument("--dev_fraction", type=float, default=0.2,
+                        help="fraction of synsets whose definition is a dev query (default: 0.2)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the stable split hash (default: 0)")
+    parser.add_argument("--overwrite", action="store_true", help="replace a different dataset in --out_dir")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    args = _parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        summary = build_reverse_dictionary(wordnet_dir=args.wordnet_dir, lexfiles=args.lexfiles,
+                                           out_dir=args.out_dir, coverage=args.coverage,
+                                           dev_fraction=args.dev_fraction, seed=args.seed, overwrite=args.overwrite)
+    except (FileNotFoundError, FileExistsError, ValueError) as e:
+        sys.exit(f"error: {e}")
+    print(json.dumps({"out_dir": str(args.out_dir), **summary}, indent=2), flush=True)
+    return summary
+
+
+if __name__ == "__main__":
+    main()
