@@ -1,0 +1,172 @@
+"""Train-state checkpoints with orbax: sharded arrays plus the input pipeline's position, saved together.
+
+Each step directory holds two items: 'state' (any pytree of `jax.Array`s, possibly sharded; written
+by every process, each its own shards, with `StandardSave`) and 'input' (a small JSON dict such as
+`{"batches_consumed": 123, "seed": 0}`, written by process 0 with `JsonSave`), so a resumed run
+continues at the exact example where the saved one stopped. Saves are asynchronous by default: the
+device-to-host copy happens inside `save`, writing to disk in the background, so the caller may
+donate or overwrite the saved arrays as soon as `save` returns.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+from etils import epath
+
+logger = logging.getLogger(__name__)
+
+STATE_ITEM = "state"
+INPUT_ITEM = "input"
+
+
+def _as_path(directory: str | os.PathLike) -> epath.Path:
+    text = os.fspath(directory)
+    if "://" in text:  # gs://, s3:// ...: leave remote paths alone
+        return epath.Path(text)
+    return epath.Path(os.path.abspath(text))
+
+
+def _abstract_leaf(path, leaf) -> jax.ShapeDtypeStruct:
+    if isinstance(leaf, jax.Array):
+        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=leaf.sharding)
+    if isinstance(leaf, jax.ShapeDtypeStruct):
+        if leaf.sharding is None:
+            raise ValueError(
+                f"abstract_state{jax.tree_util.keystr(path)}: ShapeDtypeStruct{leaf.shape} has no sharding; "
+                "restore needs one for every array (e.g. from partitioning.logical_shardings)"
+            )
+        return leaf
+    raise TypeError(
+        f"abstract_state{jax.tree_util.keystr(path)}: expected jax.ShapeDtypeStruct or jax.Array, "
+        f"got {type(leaf).__name__}"
+    )
+
+
+class Checkpointer:
+    """Saves and restores (train state, input position) pairs under `directory/<step>/`.
+
+    Call `save`/`restore` from every process of a multi-host job (the directory must be shared);
+    orbax coordinates the writes. `max_to_keep` most recent steps are kept (None: all).
+    `save` writes (orbax's default policy) when the step is a multiple of `save_interval_steps`,
+    when the directory has no checkpoint yet, when a preemption notice was received (Cloud TPU),
+    or when `force` is given.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        *,
+        max_to_keep: int | None = 3,
+        save_interval_steps: int = 1,
+        asynchronous: bool = True,
+    ):
+        if max_to_keep is not None and max_to_keep < 1:
+            raise ValueError(f"max_to_keep must be >= 1 or None, got {max_to_keep}")
+        if save_interval_steps < 1:
+            raise ValueError(f"save_interval_steps must be >= 1, got {save_interval_steps}")
+        self.directory = _as_path(directory)
+        self._manager = ocp.CheckpointManager(
+            self.directory,
+            options=ocp.CheckpointManagerOptions(
+                max_to_keep=max_to_keep,
+                save_interval_steps=save_interval_steps,
+                enable_async_checkpointing=asynchronous,
+                create=True,
+            ),
+            item_names=(STATE_ITEM, INPUT_ITEM),
+        )
+
+    # -- queries -----------------------------------------------------------------------------
+
+    def latest_step(self) -> int | None:
+        """The newest finished checkpoint's step, or None if there is none."""
+        return self._manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        """Steps of the checkpoints on disk, ascending."""
+        return sorted(self._manager.all_steps())
+
+    def should_save(self, step: int) -> bool:
+        """Whether `save(step)` (without force) would write, e.g. to skip preparing the input state."""
+        return self._manager.should_save(step)
+
+    # -- save / restore ----------------------------------------------------------------------
+
+    def save(self, step: int, *, state: Any, input_state: dict, force: bool = False) -> bool:
+        """Starts saving `state` and `input_state` as `step`; returns whether a save was started.
+
+        Nothing is written when `step` is not due (see `save_interval_steps`; `force` overrides) or
+        already has a checkpoint (which is never overwritten).
+
+        `input_state` must be a JSON-serializable dict of plain Python values (no numpy scalars).
+        """
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise ValueError(f"step must be a non-negative int, got {step!r}")
+        if not isinstance(input_state, dict):
+            raise TypeError(f"input_state must be a dict, got {type(input_state).__name__}")
+        try:
+            json.dumps(input_state, allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"input_state is not plain JSON ({e}): {input_state!r}") from e
+        if step in self._manager.all_steps():
+            # Never overwrite: e.g. a forced final save of a step the periodic save already wrote.
+            logger.info("Checkpoint of step %d already exists in %s; not saving again", step, self.directory)
+            return False
+        saved = self._manager.save(
+            step,
+            args=ocp.args.Composite(
+                **{STATE_ITEM: ocp.args.StandardSave(state), INPUT_ITEM: ocp.args.JsonSave(input_state)}
+            ),
+            force=force,
+        )
+        if saved:
+            logger.info("Checkpoint of step %d started in %s", step, self.directory)
+        return saved
+
+    def restore(self, step: int | None = None, *, abstract_state: Any) -> tuple[Any, dict]:
+        """Reads checkpoint `step` (default: the latest) into the shardings of `abstract_state`.
+
+        `abstract_state` mirrors the saved state with `jax.ShapeDtypeStruct(shape, dtype,
+        sharding=...)` leaves (or arrays, whose shape/dtype/sharding are used); the arrays come back
+        with exactly those shardings, which may differ from the ones they were saved with.
+        Returns `(state, input_state)`. Raises FileNotFoundError when there is no such checkpoint.
+        """
+        self._manager.wait_until_finished()
+        available = self.all_steps()
+        if step is None:
+            if not available:
+                raise FileNotFoundError(f"no checkpoint in {self.directory}")
+            step = available[-1]
+        elif step not in available:
+            raise FileNotFoundError(f"no checkpoint of step {step} in {self.directory}; available: {available}")
+        target = jax.tree_util.tree_map_with_path(_abstract_leaf, abstract_state)
+        restored = self._manager.restore(
+            step,
+            args=ocp.args.Composite(
+                **{STATE_ITEM: ocp.args.StandardRestore(target), INPUT_ITEM: ocp.args.JsonRestore()}
+            ),
+        )
+        logger.info("Restored checkpoint of step %d from %s", step, self.directory)
+        return restored[STATE_ITEM], dict(restored[INPUT_ITEM])
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def wait_until_finished(self) -> None:
+        """Blocks until the pending asynchronous save (and old-checkpoint deletion) is on disk."""
+        self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        """Finishes pending saves and releases orbax's background resources."""
+        self._manager.wait_until_finished()
+        self._manager.close()
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()

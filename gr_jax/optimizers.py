@@ -1,0 +1,128 @@
+"""Learning-rate schedules and optimizers (optax) with T5 / t5x defaults.
+
+All schedules map the optimizer step `count` (0 for the first update, as optax counts) to a learning
+rate; all start their linear warm-up at 0, so the very first update is a no-op, exactly as t5x's
+`linear_warmup` factor. Plain functions with keyword-only arguments: gin binds them at the entry points.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+OPTIMIZERS = ("adafactor", "adamw")
+
+
+def _check_schedule_args(*, peak: float, warmup_steps: int) -> None:
+    if not peak > 0:
+        raise ValueError(f"peak learning rate must be > 0, got {peak}")
+    if warmup_steps < 0:
+        raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+
+
+def warmup_constant(*, peak: float, warmup_steps: int) -> optax.Schedule:
+    """`peak * min(1, step / warmup_steps)`: linear warm-up from 0, then constant (T5 fine-tuning)."""
+    _check_schedule_args(peak=peak, warmup_steps=warmup_steps)
+    if warmup_steps == 0:
+        return optax.constant_schedule(peak)
+    return optax.warmup_constant_schedule(init_value=0.0, peak_value=peak, warmup_steps=warmup_steps)
+
+
+def warmup_rsqrt(*, peak: float, warmup_steps: int) -> optax.Schedule:
+    """`peak * min(1, step / w) * sqrt(w / max(step, w))`: linear warm-up to `peak`, then `peak * sqrt(w / step)`.
+
+    This is t5x's `create_learning_rate_scheduler(factors='constant * linear_warmup *
+    rsqrt_normalized_decay', base_learning_rate=peak, warmup_steps=w)`. The T5 paper's pre-training
+    schedule, `1 / sqrt(max(step, 10^4))` (t5x's 'constant * rsqrt_decay'), is the same decay
+    (`peak = 1 / sqrt(w)`) but holds `peak` during the first `w` steps instead of ramping up to it.
+    """
+    _check_schedule_args(peak=peak, warmup_steps=warmup_steps)
+    if warmup_steps < 1:
+        raise ValueError("warmup_rsqrt needs warmup_steps >= 1: the decay is relative to the warm-up length")
+
+    def schedule(count):
+        step = jnp.asarray(count, jnp.float32)
+        warmup = jnp.float32(warmup_steps)
+        return peak * jnp.minimum(1.0, step / warmup) * jnp.sqrt(warmup / jnp.maximum(step, warmup))
+
+    return schedule
+
+
+def linear_decay(*, peak: float, warmup_steps: int, total_steps: int, end_value: float = 0.0) -> optax.Schedule:
+    """Linear warm-up from 0 to `peak`, then linear decay to `end_value` at `total_steps` (held after)."""
+    _check_schedule_args(peak=peak, warmup_steps=warmup_steps)
+    if total_steps <= warmup_steps:
+        raise ValueError(f"total_steps ({total_steps}) must exceed warmup_steps ({warmup_steps})")
+    if end_value < 0:
+        raise ValueError(f"end_value must be >= 0, got {end_value}")
+    decay = optax.linear_schedule(init_value=peak, end_value=end_value, transition_steps=total_steps - warmup_steps)
+    if warmup_steps == 0:
+        return decay
+    warmup = optax.linear_schedule(init_value=0.0, end_value=peak, transition_steps=warmup_steps)
+    return optax.join_schedules([warmup, decay], boundaries=[warmup_steps])
+
+
+def decay_matrices_only(params: Any) -> Any:
+    """Weight-decay mask: decay parameters with >= 2 dims (kernels, embeddings), not norm scales or biases."""
+    return jax.tree.map(lambda p: jnp.ndim(p) >= 2, params)
+
+
+def make_optimizer(
+    *,
+    name: str = "adafactor",
+    learning_rate: optax.Schedule | float,
+    weight_decay: float = 0.0,
+    clip_norm: float | None = None,
+    # Adafactor (Shazeer & Stern 2018), defaults of t5x's `adafactor.Adafactor` and optax.
+    decay_rate: float = 0.8,
+    clipping_threshold: float | None = 1.0,
+    multiply_by_parameter_scale: bool = True,
+    factored: bool = True,
+    min_dim_size_to_factor: int = 128,
+    # AdamW.
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    weight_decay_mask: Callable | None = decay_matrices_only,
+) -> optax.GradientTransformation:
+    """The training optimizer, optionally preceded by global-norm gradient clipping.
+
+    'adafactor' is T5's: factored second moments with decay `1 - (step + 1) ** -0.8`, update clipping
+    at RMS 1.0, no momentum, and `multiply_by_parameter_scale=True` (t5x's default, which the T5
+    paper's constant 1e-3 fine-tuning rate assumes: the step is relative to each parameter block's
+    RMS, floored at 1e-3; set False to make `learning_rate` an absolute step size).
+    `weight_decay` there is t5x's `weight_decay_rate`: `param -= weight_decay * param` every step,
+    not scaled by the learning rate.
+
+    'adamw' is decoupled weight decay (Loshchilov & Hutter) as in optax:
+    `param -= lr * (adam_update + weight_decay * param)`.
+
+    Weight decay applies where `weight_decay_mask(params)` is True (default: tensors with >= 2 dims).
+    """
+    if name not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
+    if weight_decay < 0:
+        raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+    if clip_norm is not None and not clip_norm > 0:
+        raise ValueError(f"clip_norm must be > 0 or None, got {clip_norm}")
+    if name == "adafactor":
+        optimizer = optax.adafactor(
+            learning_rate=learning_rate,
+            min_dim_size_to_factor=min_dim_size_to_factor,
+            decay_rate=decay_rate,
+            multiply_by_parameter_scale=multiply_by_parameter_scale,
+            clipping_threshold=clipping_threshold,
+            factored=factored,
+            weight_decay_rate=weight_decay or None,
+            weight_decay_mask=weight_decay_mask,
+        )
+    else:
+        optimizer = optax.adamw(
+            learning_rate=learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=weight_decay_mask
+        )
+    if clip_norm is None:
+        return optimizer
+    return optax.chain(optax.clip_by_global_norm(clip_norm), optimizer)
