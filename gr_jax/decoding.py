@@ -1,0 +1,339 @@
+"""Model-agnostic beam search and sampling in `jax.lax.while_loop`, optionally constrained by a docid `Trie`.
+
+Both loops call `step_fn(tokens, position, cache) -> (logits, new_cache)` once per position:
+
+  tokens:   int32[rows], the previous token of each row (PAD, the decoder start token, at position 0);
+  position: int32[], the index of the token being decoded;
+  cache:    a pytree whose every leaf has leading dimension `rows` (e.g. the decoder's self-attention
+            K/V); beam search reorders it when beams are selected. Per-query constants (encoder outputs,
+            cross-attention K/V) are not in the cache: the model closes over them, so they are never
+            copied or reordered.
+  logits:   float32[rows, vocab].
+
+For beam search rows = batch * beams, batch-major (row = b * beams + k); for sampling rows = batch.
+
+With a trie, the log-softmax is taken over the full vocabulary (the model's distribution) and then
+restricted to the trie's allowed tokens, so a docid's score is the model's log-likelihood of it and an
+invalid docid can never be emitted. Candidates are the log-probs gathered at the tokens of
+`Trie.children`: K = `trie.sparse_fanout` per row whenever every live row has at most K children, and
+`trie.max_fanout` per row only at the high fan-out levels near the root (a `lax.cond`); no
+vocabulary-wide mask is built.
+"""
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from gr_jax.trie import DEAD_STATE, Trie
+from gr_jax.vocabulary import EOS_ID, PAD_ID
+
+StepFn = Callable[[jax.Array, jax.Array, Any], tuple[jax.Array, Any]]
+
+NEG_INF = float("-inf")
+
+
+class BeamSearchResult(NamedTuple):
+    sequences: jax.Array  # int32[batch, beams, max_decode_len]: decoded tokens, EOS included, PAD after; best first
+    scores: jax.Array  # float32[batch, beams]: sum of token log-probs (length-penalised if asked); -inf: no result
+
+
+class SampleResult(NamedTuple):
+    sequences: jax.Array  # int32[batch, max_decode_len]: decoded tokens, EOS included, PAD after
+    log_probs: jax.Array  # float32[batch]: the model's log-likelihood of the sequence (temperature 1)
+
+
+def brevity_penalty(*, alpha: float, length: jax.Array) -> jax.Array:
+    """t5x / GNMT length penalty ((5 + length) / 6) ** alpha; a finished score is log_prob / penalty."""
+    return jnp.power((5.0 + length) / 6.0, alpha)
+
+
+def _check_arguments(*, trie: Trie | None, eos_id: int, max_decode_len: int, **positive: int) -> None:
+    for name, value in positive.items():
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if not isinstance(max_decode_len, int) or max_decode_len < 1:
+        raise ValueError(f"max_decode_len must be a positive int, got {max_decode_len!r}")
+    if trie is not None:
+        if eos_id != EOS_ID:
+            raise ValueError(f"the trie's sequences end with EOS={EOS_ID}; eos_id={eos_id} cannot be used with it")
+        if max_decode_len < trie.max_length:
+            raise ValueError(f"max_decode_len={max_decode_len} is shorter than the longest docid ({trie.max_length} "
+                             "tokens with EOS): those docids could never be decoded")
+
+
+def _check_cache(cache: Any, rows: int) -> None:
+    for path, leaf in jax.tree_util.tree_leaves_with_path(cache):
+        if jnp.ndim(leaf) == 0 or jnp.shape(leaf)[0] != rows:
+            raise ValueError(f"every cache leaf needs leading dimension {rows} (batch * beams), but "
+                             f"cache{jax.tree_util.keystr(path)} has shape {list(jnp.shape(leaf))}")
+
+
+def _call_step_fn(step_fn: StepFn, tokens: jax.Array, position: jax.Array, cache: Any) -> tuple[jax.Array, Any]:
+    """Runs the model step and returns (log-probs float32[rows, vocab] over the full vocabulary, new cache)."""
+    logits, new_cache = step_fn(tokens, position, cache)
+    if logits.ndim != 2 or logits.shape[0] != tokens.shape[0]:
+        raise ValueError(f"step_fn must return logits [{tokens.shape[0]}, vocab], got {list(logits.shape)}")
+    return jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1), new_cache
+
+
+def _expansion_widths(trie: Trie) -> list[int]:
+    """Static widths for `trie.children`: K, 2K, 4K, ... below `max_fanout`, then `max_fanout`."""
+    widths = [trie.sparse_fanout]
+    while widths[-1] < trie.max_fanout:
+        widths.append(min(2 * widths[-1], trie.max_fanout))
+    return widths
+
+
+def _allowed_continuations(log_probs: jax.Array, states: jax.Array, *, active: jax.Array, trie: Trie,
+                           select: Callable[[jax.Array, jax.Array, jax.Array], Any]) -> Any:
+    """Applies `select(values, tokens, next_states)` to each row's allowed next tokens.
+
+    log_probs: float32[rows, vocab]; states: int32[rows] trie states; active: bool[rows], the rows whose
+    result matters. `select` gets float32[rows, width] log-probs gathered at the tokens of
+    `trie.children` (-inf in empty slots), with their tokens and next states int32[rows, width], where
+    width is the smallest of `_expansion_widths` that holds every active row's children: K below the
+    first levels of realistic docids, wider only near the root (a `lax.switch`, so no step pays for a
+    wider level than its own). Every branch must return the same shapes.
+    """
+    def expand(width: int) -> Any:
+        tokens, next_states, valid = trie.children(states, width=width)
+        values = jnp.where(valid, jnp.take_along_axis(log_probs, tokens, axis=1), NEG_INF)
+        return select(values, tokens, next_states)
+
+    widths = _expansion_widths(trie)
+    if len(widths) == 1:
+        return expand(widths[0])
+    needed = jnp.max(jnp.where(active, trie.num_children(states), 0))
+    branch = jnp.searchsorted(jnp.array(widths[:-1]), needed)  # the first width >= needed
+    return jax.lax.switch(branch, [functools.partial(expand, width) for width in widths])
+
+
+class _BeamState(NamedTuple):
+    position: jax.Array  # int32[]
+    alive_scores: jax.Array  # float32[batch, beams]: raw log-prob of each unfinished beam; -inf: empty slot
+    alive_sequences: jax.Array  # int32[batch, beams, max_decode_len]
+    alive_states: jax.Array  # int32[batch, beams]: trie state of each alive beam
+    last_tokens: jax.Array  # int32[batch, beams]: the alive beams' last token (the next step_fn input)
+    finished_scores: jax.Array  # float32[batch, beams]: final (penalised) scores, best first; -inf: empty slot
+    finished_sequences: jax.Array  # int32[batch, beams, max_decode_len]
+    cache: Any
+
+
+def beam_search(
+    *,
+    step_fn: StepFn,
+    cache: Any,
+    batch_size: int,
+    num_beams: int,
+    max_decode_len: int,
+    trie: Trie | None = None,
+    eos_id: int = EOS_ID,
+    length_penalty: float = 0.0,
+) -> BeamSearchResult:
+    """Beam search for the `num_beams` best EOS-terminated sequences of each query, best first.
+
+    Bookkeeping as t5x: alive beams (no EOS yet) and finished beams are kept apart, and finished beams
+    compete for the final top `num_beams` across steps. Each step keeps the best `num_beams` alive
+    continuations, EOS excluded, and merges each alive beam's EOS continuation into the finished set.
+    Candidates are exact and small: without a trie, each beam's top num_beams + 1 tokens (one may be EOS)
+    then the top num_beams over all beams; with a trie, each beam's allowed children (K, or `max_fanout`
+    near the root) then the top num_beams over all beams. Only beam 0 is alive at the start, so beams never duplicate. The loop stops at
+    `max_decode_len` or once no alive beam can still beat the worst finished one (exact: raw log-probs
+    only decrease; with `length_penalty` alpha the bound uses the most favourable remaining length).
+
+    scores: sum of the tokens' log-probs (EOS included), divided by `brevity_penalty(alpha, length)` if
+    `length_penalty` != 0. With a trie the scores are the model's log-likelihoods of valid docids only;
+    slots without a result (fewer valid docids than beams) have score -inf and all-PAD sequences.
+    Without a trie, a query with no finished beam at the end returns its alive beams (as t5x).
+    Jittable; `step_fn`, the sizes and `length_penalty` are static, `cache` and `trie` may be traced.
+    """
+    _check_arguments(trie=trie, eos_id=eos_id, max_decode_len=max_decode_len, batch_size=batch_size,
+                     num_beams=num_beams)
+    batch, beams, length = batch_size, num_beams, max_decode_len
+    rows = batch * beams
+    _check_cache(cache, rows)
+    alpha = float(length_penalty)
+
+    def final_score(log_prob: jax.Array, sequence_length: jax.Array | int) -> jax.Array:
+        return log_prob if alpha == 0.0 else log_prob / brevity_penalty(alpha=alpha, length=sequence_length)
+
+    def keep_searching(state: _BeamState) -> jax.Array:
+        best_alive = state.alive_scores.max(axis=1)
+        if alpha != 0.0:  # the largest penalty over the lengths an alive beam can still finish at
+            largest = jnp.maximum(brevity_penalty(alpha=alpha, length=state.position + 1.0),
+                                  brevity_penalty(alpha=alpha, length=float(length)))
+            best_alive = best_alive / largest
+        worst_finished = state.finished_scores.min(axis=1)
+        done = (best_alive == NEG_INF) | (worst_finished >= best_alive)
+        return (state.position < length) & ~jnp.all(done)
+
+    def search_step(state: _BeamState, *, first: bool = False) -> _BeamState:
+        position = state.position
+        log_probs, cache = _call_step_fn(step_fn, state.last_tokens.reshape(rows), position, state.cache)
+        vocab = log_probs.shape[1]
+        flat_states = state.alive_states.reshape(rows)
+
+        # Finished candidates: each alive beam followed by EOS.
+        eos_log_probs = log_probs[:, eos_id]
+        if trie is not None:
+            eos_log_probs = jnp.where(trie.eos_states(flat_states) != DEAD_STATE, eos_log_probs, NEG_INF)
+        candidate_scores = final_score(state.alive_scores + eos_log_probs.reshape(batch, beams), position + 1)
+        candidate_sequences = state.alive_sequences.at[:, :, position].set(eos_id)
+        finished_scores, picked = jax.lax.top_k(
+            jnp.concatenate([state.finished_scores, candidate_scores], axis=1), beams)
+        finished_sequences = jnp.take_along_axis(
+            jnp.concatenate([state.finished_sequences, candidate_sequences], axis=1), picked[:, :, None], axis=1)
+
+        # Alive candidates: the best non-EOS continuations over all beams. At the first step only beam 0
+        # is alive (all rows are at the root, where fan-out is highest): expand that row alone.
+        sources = 1 if first else beams
+        source_scores = state.alive_scores[:, :sources]
+
+        def select_alive(values: jax.Array, tokens: jax.Array, next_states: jax.Array):
+            width = values.shape[1]
+            values = jnp.where(tokens == eos_id, NEG_INF, values)
+            totals = (source_scores[:, :, None] + values.reshape(batch, sources, width)).reshape(batch, -1)
+            if sources * width < beams:  # fewer candidates than beams: the rest stay empty
+                totals = jnp.pad(totals, ((0, 0), (0, beams - sources * width)), constant_values=NEG_INF)
+            scores, picked = jax.lax.top_k(totals, beams)
+            picked = jnp.minimum(picked, sources * width - 1)  # padding slots have -inf scores anyway
+            take = lambda x: jnp.take_along_axis(x.reshape(batch, sources * width), picked, axis=1)  # noqa: E731
+            return scores, picked // width, take(tokens), take(next_states)
+
+        source_log_probs = log_probs.reshape(batch, beams, vocab)[:, :sources].reshape(batch * sources, vocab)
+        if trie is None:  # top num_beams + 1 per beam first (one may be EOS): no [rows, vocab] copy
+            values, tokens = jax.lax.top_k(source_log_probs, min(beams + 1, vocab))
+            alive_scores, parents, tokens, next_states = select_alive(values, tokens, jnp.zeros_like(tokens))
+        else:
+            alive_scores, parents, tokens, next_states = _allowed_continuations(
+                source_log_probs, state.alive_states[:, :sources].reshape(batch * sources),
+                active=source_scores.reshape(-1) > NEG_INF, trie=trie, select=select_alive)
+        alive_sequences = jnp.take_along_axis(state.alive_sequences, parents[:, :, None], axis=1)
+        alive_sequences = alive_sequences.at[:, :, position].set(tokens)
+        source_rows = (jnp.arange(batch)[:, None] * beams + parents).reshape(rows)
+        cache = jax.tree_util.tree_map(lambda leaf: jnp.take(leaf, source_rows, axis=0), cache)
+        return _BeamState(
+            position=position + 1,
+            alive_scores=alive_scores,
+            alive_sequences=alive_sequences,
+            alive_states=jnp.where(alive_scores > NEG_INF, next_states, DEAD_STATE),
+            last_tokens=tokens,
+            finished_scores=finished_scores,
+            finished_sequences=finished_sequences,
+            cache=cache,
+        )
+
+    initial_states = (trie.root_states(rows) if trie is not None else jnp.zeros((rows,), jnp.int32))
+    empty_scores = jnp.full((batch, beams), NEG_INF, jnp.float32)
+    empty_sequences = jnp.full((batch, beams, length), PAD_ID, jnp.int32)
+    state = _BeamState(
+        position=jnp.array(0, jnp.int32),
+        alive_scores=empty_scores.at[:, 0].set(0.0),  # only beam 0 is alive: no duplicate beams
+        alive_sequences=empty_sequences,
+        alive_states=initial_states.reshape(batch, beams),
+        last_tokens=jnp.full((batch, beams), PAD_ID, jnp.int32),
+        finished_scores=empty_scores,
+        finished_sequences=empty_sequences,
+        cache=cache,
+    )
+    state = search_step(state, first=True)  # max_decode_len >= 1
+    state = jax.lax.while_loop(keep_searching, search_step, state)
+
+    scores, sequences = state.finished_scores, state.finished_sequences
+    if trie is None:
+        none_finished = jnp.all(scores == NEG_INF, axis=1)
+        scores = jnp.where(none_finished[:, None], final_score(state.alive_scores, state.position), scores)
+        sequences = jnp.where(none_finished[:, None, None], state.alive_sequences, sequences)
+    sequences = jnp.where((scores > NEG_INF)[:, :, None], sequences, PAD_ID)
+    return BeamSearchResult(sequences=sequences, scores=scores)
+
+
+class _SampleState(NamedTuple):
+    position: jax.Array  # int32[]
+    sequences: jax.Array  # int32[batch, max_decode_len]
+    last_tokens: jax.Array  # int32[batch]
+    trie_states: jax.Array  # int32[batch]
+    log_probs: jax.Array  # float32[batch]
+    finished: jax.Array  # bool[batch]
+    cache: Any
+
+
+def sample(
+    *,
+    step_fn: StepFn,
+    cache: Any,
+    rng: jax.Array,
+    batch_size: int,
+    max_decode_len: int,
+    top_k: int = 10,
+    temperature: float = 1.0,
+    trie: Trie | None = None,
+    eos_id: int = EOS_ID,
+) -> SampleResult:
+    """Top-k / temperature sampling of one sequence per row (repeat rows in the cache for several samples).
+
+    Each step samples among the `top_k` most likely allowed tokens with probabilities proportional to
+    exp(log_prob / temperature); temperature 0 is greedy decoding. `log_probs` is the model's
+    log-likelihood of the sampled sequence (full-vocabulary log-softmax at temperature 1), as t5x's.
+    Rows stop at EOS and are PAD-padded; the loop ends when every row has. With a trie every sequence is
+    a valid docid (max_decode_len must cover the longest one). Jittable; `temperature` and `top_k` are static.
+    """
+    _check_arguments(trie=trie, eos_id=eos_id, max_decode_len=max_decode_len, batch_size=batch_size,
+                     top_k=top_k)
+    if not temperature >= 0.0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    batch, length = batch_size, max_decode_len
+    _check_cache(cache, batch)
+
+    def keep_sampling(state: _SampleState) -> jax.Array:
+        return (state.position < length) & ~jnp.all(state.finished)
+
+    def sample_step(state: _SampleState) -> _SampleState:
+        position = state.position
+        log_probs, cache = _call_step_fn(step_fn, state.last_tokens, position, state.cache)
+
+        def select_sample(values: jax.Array, tokens: jax.Array, next_states: jax.Array):
+            if values.shape[1] > top_k:
+                values, picked = jax.lax.top_k(values, top_k)
+                tokens = jnp.take_along_axis(tokens, picked, axis=1)
+                next_states = jnp.take_along_axis(next_states, picked, axis=1)
+            if temperature == 0.0:
+                choice = jnp.argmax(values, axis=-1)
+            else:
+                choice = jax.random.categorical(jax.random.fold_in(rng, position), values / temperature, axis=-1)
+            pick = lambda x: jnp.take_along_axis(x, choice[:, None], axis=1)[:, 0]  # noqa: E731
+            return pick(values), pick(tokens), pick(next_states)
+
+        if trie is None:
+            values, tokens = jax.lax.top_k(log_probs, min(top_k, log_probs.shape[1]))
+            value, token, next_state = select_sample(values, tokens, jnp.zeros_like(tokens))
+        else:
+            value, token, next_state = _allowed_continuations(log_probs, state.trie_states, active=~state.finished,
+                                                              trie=trie, select=select_sample)
+        stuck = ~state.finished & (value == NEG_INF)  # no allowed continuation (cannot happen with a valid trie)
+        token = jnp.where(state.finished | stuck, PAD_ID, token)
+        return _SampleState(
+            position=position + 1,
+            sequences=state.sequences.at[:, position].set(token),
+            last_tokens=token,
+            trie_states=next_state,
+            log_probs=state.log_probs + jnp.where(state.finished, 0.0, value),
+            finished=state.finished | stuck | (token == eos_id),
+            cache=cache,
+        )
+
+    state = _SampleState(
+        position=jnp.array(0, jnp.int32),
+        sequences=jnp.full((batch, length), PAD_ID, jnp.int32),
+        last_tokens=jnp.full((batch,), PAD_ID, jnp.int32),
+        trie_states=trie.root_states(batch) if trie is not None else jnp.zeros((batch,), jnp.int32),
+        log_probs=jnp.zeros((batch,), jnp.float32),
+        finished=jnp.zeros((batch,), bool),
+        cache=cache,
+    )
+    state = jax.lax.while_loop(keep_sampling, sample_step, state)
+    return SampleResult(sequences=state.sequences, log_probs=state.log_probs)
