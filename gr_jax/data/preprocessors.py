@@ -1,0 +1,104 @@
+"""seqio preprocessors for generative retrieval: small per-example maps over `tf.data`, seqio style.
+
+A retrieval Task (see `tasks/retrieval.py`) chains seqio's own preprocessors with these:
+
+    source                      {"docid": str, "inputs": str[, "qid": str]}
+    tokenize_inputs             inputs: str -> int32[n]            (seqio tokenize; no EOS yet)
+    docid_targets               targets: int32[m]                   (the DocidTable row: docid tokens + EOS)
+    trim_inputs_and_append_eos  inputs: int32[<= input_length]      (first input_length - 1 tokens + EOS)
+    require_feature_lengths     (a check at pipeline construction, examples unchanged)
+
+Targets are pre-tokenized on purpose: they must be exactly the docid table's rows, the same sequences the
+decoding trie is built from, so they never go through the tokenizer or the trimming again.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+import numpy as np
+import seqio
+import tensorflow as tf
+
+if TYPE_CHECKING:
+    from gr_jax.docids import DocidTable
+
+def docid_targets(dataset: tf.data.Dataset, *, docid_table: DocidTable) -> tf.data.Dataset:
+    """Adds `targets: int32[m]`, the DocidTable row of each example's `docid: string` (EOS kept, PAD dropped).
+
+    The lookup is a `tf.lookup.StaticHashTable` from docid to row, built once per pipeline (8.8M MS MARCO
+    ids take a few hundred MB, like the table itself). An example whose docid is not in the table fails the
+    pipeline with the docid in the message: the sources already leave out (and count) qrels naming unknown
+    documents, so reaching this is a bug, never something to drop silently.
+    """
+    num_docids = len(docid_table.docids)
+    row_of_docid = tf.lookup.StaticHashTable(
+        tf.lookup.KeyValueTensorInitializer(
+            keys=tf.constant(list(docid_table.docids), dtype=tf.string),
+            values=tf.range(num_docids, dtype=tf.int64)),
+        default_value=-1)
+    tokens = tf.constant(np.asarray(docid_table.tokens, dtype=np.int32))
+    lengths = tf.constant(docid_table.lengths, dtype=tf.int32)
+
+    @seqio.map_over_dataset
+    def add_targets(example: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        row = row_of_docid.lookup(example["docid"])
+        known = tf.debugging.Assert(row >= 0, ["docid not in the docid table:", example["docid"]])
+        with tf.control_dependencies([known]):
+            row = tf.cast(row, tf.int32)
+        return {**example, "targets": tokens[row, :lengths[row]]}
+
+    return add_targets(dataset)
+
+
+def trim_inputs_and_append_eos(
+        dataset: tf.data.Dataset,
+        output_features: Mapping[str, seqio.Feature],
+        *,
+        input_length: int,
+) -> tf.data.Dataset:
+    """Keeps the first `input_length - 1` input tokens and appends EOS: `inputs: int32[<= input_length]`.
+
+    On documents this *is* the FirstP representation. The length is fixed when the Task is registered
+    (seqio's `append_eos_after_trim` with a bound `sequence_length`), not taken from the pipeline's
+    requested lengths, so a Task always means the same examples. Features with `add_eos=False` (the
+    pre-tokenized targets) are left untouched.
+    """
+    return seqio.preprocessors.append_eos_after_trim(
+        dataset, output_features=output_features, sequence_length={"inputs": input_length})
+
+
+def require_feature_lengths(
+        dataset: tf.data.Dataset,
+        sequence_length: Mapping[str, int] | None = None,
+        *,
+        minimum: Mapping[str, int],
+        provider_name: str,
+) -> tf.data.Dataset:
+    """Fails at pipeline construction when the requested feature lengths are below the registered ones.
+
+    seqio trims every feature to the lengths a pipeline asks for. Asking for less than the Task was
+    registered with would cut the EOS off inputs and, worse, silently truncate docid targets (which were
+    checked to fit `minimum["targets"]`). Larger lengths only add padding and are fine. Examples pass
+    through unchanged; `sequence_length=None` (no trimming at all) is fine too.
+    """
+    if sequence_length is not None:
+        too_short = {key: (sequence_length[key], length) for key, length in minimum.items()
+                     if sequence_length.get(key) is not None and sequence_length[key] < length}
+        if too_short:
+            detail = ", ".join(f"{key}: asked {asked} < registered {length}"
+                               for key, (asked, length) in sorted(too_short.items()))
+            raise ValueError(
+                f"{provider_name!r} was registered with feature lengths {dict(minimum)}; a pipeline asking for "
+                f"less would truncate them ({detail}). Ask for at least the registered lengths, or register "
+                f"the dataset again with the lengths you need.")
+    return dataset
+
+
+def tokenize_inputs(dataset: tf.data.Dataset, output_features: Mapping[str, seqio.Feature]) -> tf.data.Dataset:
+    """seqio's `tokenize` on the string features present (only `inputs`: targets arrive pre-tokenized).
+
+    `copy_pretokenized=False`: the untrimmed passage text would otherwise ride along through the shuffle
+    buffer and mislead anyone inspecting examples (the model only sees the trimmed tokens).
+    """
+    return seqio.preprocessors.tokenize(dataset, output_features=output_features, copy_pretokenized=False)
