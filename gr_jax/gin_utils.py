@@ -1,0 +1,100 @@
+"""Command-line gin handling shared by the entry points (t5x style flags).
+
+    python -m gr_jax.train --gin_file=experiments/wordnet_demo.gin --gin.MODEL_DIR="'/tmp/run'" --gin.TRAIN_STEPS=100
+
+`--gin_file` may repeat; files are looked up as given, then under the repository's `gin_configs/`.
+`--gin.KEY=VALUE` is a binding `KEY = VALUE`; VALUE is gin syntax (quote strings), except that a bare word
+that is no gin literal, reference or macro (e.g. a path) is taken as a string, so `--gin.MODEL_DIR=/tmp/run` works.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import logging
+import os
+import pathlib
+import re
+from typing import Sequence
+
+import gin
+
+GIN_CONFIGS_DIR = pathlib.Path(__file__).resolve().parent.parent / "gin_configs"
+_GIN_WORD = re.compile(r"^(@|%|\[|\(|\{|True$|False$|None$|'|\")")
+
+
+def _as_gin_value(value: str) -> str:
+    value = value.strip()
+    if _GIN_WORD.match(value):
+        return value
+    try:
+        ast.literal_eval(value)
+        return value
+    except (ValueError, SyntaxError):
+        return repr(value)
+
+
+def parse_args(argv: Sequence[str], *, description: str) -> tuple[argparse.Namespace, list[str], list[str]]:
+    """Splits argv into known flags, gin files and gin bindings."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--gin_file", action="append", default=[], help="gin file(s), applied in order")
+    parser.add_argument("--gin_search_path", action="append", default=[], help="extra dirs to look up gin files")
+    parser.add_argument("--gin_bindings", action="append", default=[], help="raw gin binding(s)")
+    args, rest = parser.parse_known_args(argv)
+    bindings = list(args.gin_bindings)
+    unknown = []
+    for arg in rest:
+        if arg.startswith("--gin."):
+            key, sep, value = arg[len("--gin."):].partition("=")
+            if not sep:
+                raise SystemExit(f"{arg}: expected --gin.KEY=VALUE")
+            bindings.append(f"{key} = {_as_gin_value(value)}")
+        else:
+            unknown.append(arg)
+    if unknown:
+        parser.error(f"unrecognised arguments: {' '.join(unknown)}")
+    return args, list(args.gin_file), bindings
+
+
+def _only_plain_file_readers() -> None:
+    """gin 0.5.0 also looks gin paths up as Python package resources, and crashes (TypeError) when a folder of the
+    working directory shares the path's first component (e.g. an output folder `runs/` next to `runs/train.gin`):
+    namespace packages have no __file__. Our gin files are plain files, so only the plain reader is kept."""
+    from gin import config as gin_config
+    gin_config._FILE_READERS[:] = [(reader, exists) for reader, exists in gin_config._FILE_READERS
+                                   if reader is open]
+
+
+def parse_gin(*, gin_files: Sequence[str], bindings: Sequence[str], search_paths: Sequence[str] = ()) -> None:
+    """Applies gin files then bindings; gin's own errors (unknown binding, missing REQUIRED) propagate."""
+    _only_plain_file_readers()
+    for path in [*search_paths, str(GIN_CONFIGS_DIR), os.getcwd()]:
+        gin.add_config_file_search_path(path)
+    gin.parse_config_files_and_bindings(list(gin_files), list(bindings), finalize_config=True)
+
+
+def setup_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    # seqio/tf.data must never take an accelerator from JAX.
+    try:
+        import tensorflow as tf
+        tf.config.set_visible_devices([], "GPU")
+    except Exception:  # pragma: no cover - tensorflow without GPU support
+        pass
+
+
+def initialize_distributed() -> None:
+    """Multi-host start-up before any other JAX call, with the gin bindings of
+    `partitioning.initialize_distributed` (coordinator address, process count and id; auto-detected when unset)."""
+    from gr_jax import partitioning
+    try:
+        configured = gin.get_configurable(partitioning.initialize_distributed)
+    except ValueError:  # No gin file mentions it: single process or JAX's auto-detection.
+        configured = partitioning.initialize_distributed
+    try:
+        configured()
+    except RuntimeError as e:
+        # The entry point was called from a process that already used JAX (a notebook, a test): it stays the
+        # single process it already is.
+        logging.getLogger(__name__).warning("not initialising jax.distributed: %s", e)
+

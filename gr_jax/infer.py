@@ -1,0 +1,37 @@
+"""Entry point: rank documents for a file of queries and write a TREC run (no qrels needed).
+
+python -m gr_jax.infer --model_dir runs/demo --queries queries.tsv --output run.trec [--num_beams 40] [--top_k 10]
+
+The model is rebuilt from `model_dir/config.gin` (written by training) with any `--gin.KEY=VALUE` overrides;
+queries are `qid \t text` lines (MS MARCO layout).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from gr_jax import evaluation
+from gr_jax import gin_utils
+from gr_jax import search
+from gr_jax.data.readers import read_queries
+
+
+def main(argv=None) -> None:
+    gin_utils.setup_logging()
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model_dir", required=True)
+    parser.add_argument("--queries", required=True, help="qid \\t query lines")
+    parser.add_argument("--output", required=True, help="TREC run file to write")
+    parser.add_argument("--num_beams", type=int, default=40)
+    parser.add_argument("--unconstrained", action="store_true", help="decode without the docid trie")
+    args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    searcher = search.Searcher.from_model_dir(args.model_dir, gin_args=rest, num_beams=args.num_beams,
+                                              constrained=not args.unconstrained)
+    queries = list(read_queries(args.queries))
+    run = searcher.rank(queries)
+    evaluation.write_trec_run(args.output, run, tag="gr_jax")
+    print(f"wrote {len(run)} rankings to {args.output}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,185 @@
+"""Sharded training state and jitted train/eval steps (t5x's design on jax.jit with explicit shardings).
+
+Shapes first: `jax.eval_shape` of the initialiser gives the boxed abstract state, whose logical axis names map to
+NamedShardings through the one rules table; the real initialiser is then jitted with those `out_shardings`, so
+parameters are born on their devices. The train step donates the state.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import linen as nn
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from gr_jax import partitioning
+from gr_jax.models import EncoderDecoderModel
+
+Array = jax.Array
+
+
+@flax.struct.dataclass
+class TrainState:
+    step: Array
+    params: Any
+    opt_state: Any
+
+
+def strip_boxes(tree: Any) -> Any:
+    """Removes logical-partitioning boxes without Flax's sharding constraint (the jit's out_shardings place the
+    values; the constraint would fail on Adafactor's rank-reduced statistics that inherit a parameter's box)."""
+    return jax.tree.map(lambda x: x.value if isinstance(x, nn.meta.AxisMetadata) else x, tree,
+                        is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))
+
+
+def summarize_metrics(sums: Mapping[str, Any]) -> dict[str, float]:
+    """Turns summed step metrics into means: loss per target token, token and docid accuracy."""
+    sums = {k: float(v) for k, v in sums.items()}
+    weight = max(sums.get("weight", 0.0), 1.0)
+    out = {
+        "loss": sums["loss"] / weight,
+        "z_loss": sums.get("z_loss", 0.0) / weight,
+        "token_accuracy": sums.get("correct_tokens", 0.0) / weight,
+        "sequence_accuracy": sums.get("correct_sequences", 0.0) / max(sums.get("num_sequences", 0.0), 1.0),
+    }
+    for key in ("learning_rate", "grad_norm"):
+        if key in sums:
+            out[key] = sums[key]
+    return out
+
+
+class Trainer:
+    """Owns the mesh, shardings and compiled steps for one model/optimizer pair.
+
+    Batches are global int32 arrays [batch_size, length] (seqio EncDecFeatureConverter features) split over the
+    'data' mesh axis. With `num_microbatches > 1`, gradients are accumulated over equal slices of the batch and
+    normalised by the total number of target tokens, so the update equals the single-batch one.
+    """
+
+    def __init__(self, *, model: EncoderDecoderModel, optimizer: optax.GradientTransformation, mesh: Mesh,
+                 input_length: int, target_length: int, batch_size: int, num_microbatches: int = 1,
+                 learning_rate_fn: Optional[Callable[[Array], Array]] = None,
+                 rules: Sequence[tuple[str, Any]] = partitioning.LOGICAL_AXIS_RULES):
+        if batch_size % num_microbatches:
+            raise ValueError(f"batch_size {batch_size} is not divisible by num_microbatches {num_microbatches}")
+        data_size = mesh.shape["data"]
+        if (batch_size // num_microbatches) % data_size:
+            raise ValueError(f"microbatch size {batch_size // num_microbatches} is not divisible by the "
+                             f"'data' mesh axis ({data_size} devices)")
+        self.model = model
+        self.optimizer = optimizer
+        self.mesh = mesh
+        self.rules = tuple(rules)
+        self.input_length = input_length
+        self.target_length = target_length
+        self.batch_size = batch_size
+        self.num_microbatches = num_microbatches
+        self.learning_rate_fn = learning_rate_fn
+
+        with self.sharding_context():
+            abstract = jax.eval_shape(self._init_boxed, jax.random.PRNGKey(0))
+        self.state_shardings = partitioning.logical_shardings(abstract, mesh=mesh, rules=self.rules)
+        self.abstract_state = jax.tree.map(
+            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), strip_boxes(abstract),
+            self.state_shardings)
+        self.batch_sharding = partitioning.batch_sharding(mesh)
+        self.replicated = NamedSharding(mesh, PartitionSpec())
+        self._init = jax.jit(lambda rng: strip_boxes(self._init_boxed(rng)), out_shardings=self.state_shardings)
+        self._train_step = jax.jit(self._train_step_impl, in_shardings=(self.state_shardings, self.batch_sharding,
+                                                                         self.replicated),
+                                   out_shardings=(self.state_shardings, self.replicated), donate_argnums=(0,))
+        self._eval_step = jax.jit(self._eval_step_impl,
+                                  in_shardings=(self.state_shardings.params, self.batch_sharding),
+                                  out_shardings=self.replicated)
+
+    def sharding_context(self):
+        """Mesh and logical rules in scope, so activation constraints inside the network resolve."""
+        return partitioning.partitioning_context(mesh=self.mesh, rules=self.rules)
+
+    # --- State ----------------------------------------------------------------------------------------------
+
+    def _init_boxed(self, rng: Array) -> TrainState:
+        params = self.model.init(rng, input_length=self.input_length, target_length=self.target_length)["params"]
+        return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=self.optimizer.init(params))
+
+    def init_state(self, rng: Array) -> TrainState:
+        with self.sharding_context():
+            return self._init(rng)
+
+    def param_count(self) -> int:
+        return int(sum(np.prod(x.shape) for x in jax.tree.leaves(self.abstract_state.params)))
+
+    # --- Steps ----------------------------------------------------------------------------------------------
+
+    def _grads(self, params, batch, dropout_rng):
+        grad_fn = jax.value_and_grad(self.model.loss_fn, has_aux=True)
+        if self.num_microbatches == 1:
+            (_, metrics), grads = grad_fn(params, batch, dropout_rng)
+            return grads, metrics
+
+        def split(x):  # [batch, ...] -> [micro, batch/micro, ...]; slice i takes rows i, i+micro, ...
+            x = x.reshape((x.shape[0] // self.num_microbatches, self.num_microbatches) + x.shape[1:])
+            return jnp.swapaxes(x, 0, 1)
+
+        micro = jax.tree.map(split, batch)
+
+        def body(carry, inputs):
+            grads_acc, metrics_acc = carry
+            index, mb = inputs
+            (_, metrics), grads = grad_fn(params, mb, jax.random.fold_in(dropout_rng, index))
+            return (jax.tree.map(jnp.add, grads_acc, grads), jax.tree.map(jnp.add, metrics_acc, metrics)), None
+
+        zeros_grads = jax.tree.map(jnp.zeros_like, params)
+        zeros_metrics = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype),
+                                     jax.eval_shape(lambda: grad_fn(params, jax.tree.map(lambda x: x[0], micro),
+                                                                    dropout_rng)[0][1]))
+        (grads, metrics), _ = jax.lax.scan(body, (zeros_grads, zeros_metrics),
+                                           (jnp.arange(self.num_microbatches), micro))
+        return grads, metrics
+
+    def _train_step_impl(self, state: TrainState, batch: Mapping[str, Array], rng: Array):
+        dropout_rng = jax.random.fold_in(rng, state.step)
+        grads, metrics = self._grads(state.params, batch, dropout_rng)
+        # Loss sums -> gradient of the mean loss per target token over the whole (accumulated) batch.
+        grads = jax.tree.map(lambda g: g / jnp.maximum(metrics["weight"], 1.0), grads)
+        updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        metrics = dict(metrics, grad_norm=optax.tree.norm(grads))
+        if self.learning_rate_fn is not None:
+            metrics["learning_rate"] = self.learning_rate_fn(state.step)
+        return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+    def _eval_step_impl(self, params, batch: Mapping[str, Array]):
+        return self.model.loss_fn(params, batch, None)[1]
+
+    def _to_global(self, batch: Mapping[str, np.ndarray]) -> dict[str, Array]:
+        return partitioning.host_batch_to_global(dict(batch), mesh=self.mesh)
+
+    def train_step(self, state: TrainState, batch: Mapping[str, np.ndarray], rng: Array
+                   ) -> tuple[TrainState, dict[str, Array]]:
+        """One optimizer update; `state` is donated (do not reuse it)."""
+        with self.sharding_context():
+            return self._train_step(state, self._to_global(batch), rng)
+
+    def eval_step(self, params, batch: Mapping[str, np.ndarray]) -> dict[str, Array]:
+        with self.sharding_context():
+            return self._eval_step(params, self._to_global(batch))
+
+    def evaluate_loss(self, params, batches: Iterator[Mapping[str, np.ndarray]]) -> dict[str, float]:
+        """Token-level loss/accuracy over a finite stream of batches (padding rows carry zero weight)."""
+        total: Optional[dict] = None
+        for batch in batches:
+            metrics = jax.device_get(self.eval_step(params, batch))
+            total = metrics if total is None else jax.tree.map(np.add, total, metrics)
+        if total is None:
+            raise ValueError("evaluate_loss got no batches")
+        return summarize_metrics(total)
+
+    def lower_train_step(self, state: Any, batch: Mapping[str, Any], rng: Any):
+        """Lowered (not compiled) train step, for cost analysis in benchmarks."""
+        with self.sharding_context():
+            return self._train_step.lower(state, batch, rng)

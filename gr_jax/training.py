@@ -1,0 +1,263 @@
+"""The training loop: data, sharded state, checkpoints with the input position, metrics, periodic evaluation.
+
+Every argument is a plain keyword: gin binds them at the entry point (`python -m gr_jax.train`), never here.
+Resuming restores the latest checkpoint *and* the number of batches consumed, and the input pipeline restarts
+exactly there, so after a restart no training example is skipped or repeated.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import pathlib
+import time
+from typing import Any, Callable, Optional
+
+import jax
+import numpy as np
+import optax
+import tqdm
+
+from gr_jax import checkpoints
+from gr_jax import metric_writers
+from gr_jax import network
+from gr_jax import optimizers
+from gr_jax import partitioning
+from gr_jax.data import pipeline
+from gr_jax.data.readers import open_dataset
+from gr_jax.evaluation import write_trec_run
+from gr_jax.evaluator import RetrievalEvaluator
+from gr_jax.models import EncoderDecoderModel
+from gr_jax.trainer import Trainer, summarize_metrics
+from gr_jax.vocabulary import load_vocabulary
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetConfig:
+    """Which data dir, which study row (mixture) and which docid scheme to train on."""
+    name: str
+    data_dir: str
+    row: str = "firstp_labeled"
+    docid_scheme: str = "naive"
+    eval_split: str = "dev"
+    input_length: int = 64
+    target_length: int = 16
+
+    def register(self) -> list[str]:
+        import tasks  # Registers seqio tasks; imported lazily so the library does not require the tasks package.
+        return tasks.register_dataset(name=self.name, data_dir=self.data_dir, docid_scheme=self.docid_scheme,
+                                      input_length=self.input_length, target_length=self.target_length)
+
+    @property
+    def mixture_name(self) -> str:
+        import tasks
+        return tasks.mixture_name(name=self.name, row=self.row, docid_scheme=self.docid_scheme)
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    every_steps: int = 0  # 0: only at the end
+    num_beams: int = 40
+    constrained: bool = True
+    batch_size: int = 32
+    max_queries: Optional[int] = None
+
+
+class NonFiniteLossError(FloatingPointError):
+    pass
+
+
+def build_model(*, config: network.T5Config, vocabulary: Any, z_loss: float = 1e-4) -> EncoderDecoderModel:
+    if config.vocab_size is None:
+        config = config.with_vocab_size(vocabulary.vocab_size)
+    elif config.vocab_size < vocabulary.vocab_size:
+        raise ValueError(f"T5Config.vocab_size={config.vocab_size} is smaller than the vocabulary "
+                         f"({vocabulary.vocab_size} pieces)")
+    return EncoderDecoderModel(config=config, z_loss=z_loss)
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+    """What a run is: data, network, optimizer, batch and mesh. Train, eval and search build the same one from
+    the same gin (training writes it to `model_dir/config.gin`), so their states and shardings agree."""
+    model_dir: str
+    dataset: DatasetConfig
+    network_config: network.T5Config
+    learning_rate: optax.Schedule
+    optimizer_factory: Callable[..., optax.GradientTransformation] = optimizers.make_optimizer
+    batch_size: int = 32
+    num_microbatches: int = 1
+    seed: int = 0
+    z_loss: float = 1e-4
+    mesh_data: int = -1
+    mesh_model: int = 1
+
+    def build(self, *, keep_checkpoints: int = 3) -> "Built":
+        """Registers the tasks, loads the vocabulary, and builds model, mesh and trainer (no allocation)."""
+        self.dataset.register()
+        vocabulary = load_vocabulary(pathlib.Path(self.dataset.data_dir) / "spm.model")
+        model = build_model(config=self.network_config, vocabulary=vocabulary, z_loss=self.z_loss)
+        mesh = partitioning.make_mesh(data=self.mesh_data, model=self.mesh_model)
+        trainer = Trainer(model=model, optimizer=self.optimizer_factory(learning_rate=self.learning_rate),
+                          mesh=mesh, input_length=self.dataset.input_length,
+                          target_length=self.dataset.target_length, batch_size=self.batch_size,
+                          num_microbatches=self.num_microbatches, learning_rate_fn=self.learning_rate)
+        checkpointer = checkpoints.Checkpointer(pathlib.Path(self.model_dir) / "checkpoints",
+                                                max_to_keep=keep_checkpoints)
+        return Built(experiment=self, vocabulary=vocabulary, model=model, mesh=mesh, trainer=trainer,
+                     checkpointer=checkpointer)
+
+
+@dataclasses.dataclass
+class Built:
+    """An Experiment's live objects."""
+    experiment: Experiment
+    vocabulary: Any
+    model: EncoderDecoderModel
+    mesh: Any
+    trainer: Trainer
+    checkpointer: checkpoints.Checkpointer
+
+    def docid_table(self):
+        import tasks.docid_tables
+        data_dir = pathlib.Path(self.experiment.dataset.data_dir)
+        return tasks.docid_tables.load_or_build_docid_table(
+            dataset=open_dataset(data_dir), scheme=self.experiment.dataset.docid_scheme,
+            vocabulary=self.vocabulary, vocabulary_path=data_dir / "spm.model")
+
+    def restore(self, step: Optional[int] = None):
+        """(state, input_state) of `step` (default: latest); a clear error when there is no checkpoint."""
+        step = self.checkpointer.latest_step() if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"no checkpoint in {self.checkpointer.directory}: train first "
+                                    f"(python -m gr_jax.train ... --gin.MODEL_DIR={self.experiment.model_dir})")
+        return self.checkpointer.restore(step, abstract_state=self.trainer.abstract_state)
+
+    def evaluator(self, *, split: str, eval_config: EvalConfig) -> RetrievalEvaluator:
+        data = open_dataset(self.experiment.dataset.data_dir)
+        queries = list(data.queries(split))
+        if eval_config.max_queries:
+            queries = queries[:eval_config.max_queries]
+        qrels = data.qrels(split)
+        qrels = {qid: qrels.get(qid, {}) for qid, _ in queries}
+        return RetrievalEvaluator(model=self.model, queries=queries, qrels=qrels, docid_table=self.docid_table(),
+                                  vocabulary=self.vocabulary, input_length=self.experiment.dataset.input_length,
+                                  mesh=self.mesh, param_shardings=self.trainer.state_shardings.params,
+                                  batch_size=eval_config.batch_size, num_beams=eval_config.num_beams,
+                                  constrained=eval_config.constrained)
+
+
+def evaluate(*, experiment: Experiment, eval_config: EvalConfig = EvalConfig(), split: Optional[str] = None,
+             step: Optional[int] = None, progress: bool = True) -> dict[str, float]:
+    """Evaluates a checkpoint on a split's queries; writes `run.{split}.{step}.trec` and `eval.{split}.{step}.json`."""
+    built = experiment.build()
+    state, _ = built.restore(step)
+    step = int(jax.device_get(state.step))
+    split = split or experiment.dataset.eval_split
+    metrics, run = built.evaluator(split=split, eval_config=eval_config).evaluate(state.params, progress=progress)
+    model_dir = pathlib.Path(experiment.model_dir)
+    write_trec_run(model_dir / f"run.{split}.{step}.trec", run, tag=f"gr_jax-{step}")
+    (model_dir / f"eval.{split}.{step}.json").write_text(json.dumps(metrics, indent=1))
+    return metrics
+
+
+def train(*, experiment: Experiment, num_train_steps: int, checkpoint_every_steps: int = 1000,
+          keep_checkpoints: int = 3, log_every_steps: int = 50, eval_config: EvalConfig = EvalConfig(),
+          gin_config_str: str = "", progress: bool = True) -> dict[str, float]:
+    """Trains until `num_train_steps` (resuming from the experiment's model_dir); returns the final metrics."""
+    dataset, seed, batch_size = experiment.dataset, experiment.seed, experiment.batch_size
+    model_dir = pathlib.Path(experiment.model_dir)
+    model_dir.mkdir(parents=True, exist_ok=True)
+    built = experiment.build(keep_checkpoints=keep_checkpoints)
+    model, trainer, checkpointer = built.model, built.trainer, built.checkpointer
+    logger.info("model: %s, %d parameters", model.config, trainer.param_count())
+    if gin_config_str:
+        (model_dir / "config.gin").write_text(gin_config_str)
+
+    latest = checkpointer.latest_step()
+    if latest is not None:
+        state, input_state = checkpointer.restore(latest, abstract_state=trainer.abstract_state)
+        start_batch = int(input_state["batches_consumed"])
+        logger.info("resumed from step %d (batch %d)", latest, start_batch)
+    else:
+        state = trainer.init_state(jax.random.PRNGKey(seed))
+        start_batch = 0
+    start_step = int(jax.device_get(state.step))
+
+    batches = pipeline.train_batches(
+        mixture_or_task_name=dataset.mixture_name, batch_size=batch_size, input_length=dataset.input_length,
+        target_length=dataset.target_length, seed=seed, start_batch=start_batch,
+        shard_index=jax.process_index(), num_shards=jax.process_count())
+    writer = metric_writers.create_writer(model_dir)
+    if gin_config_str and start_step == 0:
+        writer.write_texts(0, {"config": gin_config_str})
+    evaluator = None
+    if eval_config.every_steps >= 0:
+        evaluator = built.evaluator(split=dataset.eval_split, eval_config=eval_config)
+
+    rng = jax.random.PRNGKey(seed + 1)
+    pending: list[dict] = []
+    last_log = time.perf_counter()
+    tokens_per_batch = batch_size * (dataset.input_length + dataset.target_length)
+    final: dict[str, float] = {}
+
+    def flush(step: int) -> dict[str, float]:
+        nonlocal last_log, pending
+        if not pending:
+            return {}
+        sums = jax.device_get(pending)
+        total = {k: float(np.sum([m[k] for m in sums])) for k in sums[0]}
+        total["learning_rate"] = float(sums[-1]["learning_rate"])
+        total["grad_norm"] = float(sums[-1]["grad_norm"])
+        summary = summarize_metrics(total)
+        if not all(math.isfinite(v) for v in summary.values()):
+            raise NonFiniteLossError(
+                f"non-finite training metrics at step {step}: {summary}. Training stopped; the last good "
+                f"checkpoint (step {checkpointer.latest_step()}) is kept in {model_dir / 'checkpoints'}.")
+        elapsed = time.perf_counter() - last_log
+        summary["steps_per_second"] = len(pending) / elapsed
+        summary["tokens_per_second"] = len(pending) * tokens_per_batch / elapsed
+        writer.write_scalars(step, {f"train/{k}": v for k, v in summary.items()})
+        pending = []
+        last_log = time.perf_counter()
+        return summary
+
+    def run_eval(step: int) -> dict[str, float]:
+        metrics, run = evaluator.evaluate(state.params, progress=progress)
+        writer.write_scalars(step, {f"eval/{k}": v for k, v in metrics.items()})
+        write_trec_run(model_dir / f"run.{dataset.eval_split}.{step}.trec", run, tag=f"gr_jax-{step}")
+        logger.info("step %d eval: %s", step, metrics)
+        return {f"eval/{k}": v for k, v in metrics.items()}
+
+    bar = tqdm.tqdm(total=num_train_steps, initial=start_step, desc="train", unit="step", disable=not progress)
+    step = start_step
+    try:
+        while step < num_train_steps:
+            batch = next(batches)
+            state, metrics = trainer.train_step(state, batch, rng)
+            step += 1
+            pending.append(metrics)
+            bar.update(1)
+            if step % log_every_steps == 0 or step == num_train_steps:
+                summary = flush(step)
+                final.update({f"train/{k}": v for k, v in summary.items()})
+                bar.set_postfix(loss=f"{summary['loss']:.3f}", acc=f"{summary['token_accuracy']:.3f}")
+            if step % checkpoint_every_steps == 0 or step == num_train_steps:
+                flush(step)  # Never save a state whose loss went non-finite.
+                checkpointer.save(step, state=state, input_state={"batches_consumed": start_batch + (
+                    step - start_step), "seed": seed})
+            if evaluator is not None and eval_config.every_steps > 0 and step % eval_config.every_steps == 0 \
+                    and step != num_train_steps:
+                final.update(run_eval(step))
+        if evaluator is not None:
+            final.update(run_eval(step))
+    finally:
+        bar.close()
+        checkpointer.wait_until_finished()
+        writer.flush()
+    (model_dir / "final_metrics.json").write_text(json.dumps(final, indent=1))
+    return final

@@ -1,0 +1,185 @@
+"""Trainer and training loop: sharding, learning, exact resume, microbatches, NaN guard, entry points."""
+import json
+import math
+import pathlib
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+from gr_jax import network
+from gr_jax import optimizers
+from gr_jax import partitioning
+from gr_jax import training
+from gr_jax.models import EncoderDecoderModel
+from gr_jax.trainer import Trainer
+from gr_jax.vocabulary import train_sentencepiece
+from tools.bench.train_step import random_batch
+
+FIXTURE_DATA = pathlib.Path(__file__).parent / "fixtures" / "tasks"
+MICRO = network.T5Config(vocab_size=384, emb_dim=32, num_heads=2, num_encoder_layers=2, num_decoder_layers=2,
+                         head_dim=8, mlp_dim=64, dropout_rate=0.1)
+TINY = network.T5Config(vocab_size=384, emb_dim=256, num_heads=4, num_encoder_layers=4, num_decoder_layers=4,
+                        head_dim=64, mlp_dim=512, dropout_rate=0.0)
+
+
+def _batch(rng, *, batch=8, inputs=12, targets=6, vocab=384):
+    return random_batch(rng, batch=batch, inputs=inputs, targets=targets, vocab=vocab)
+
+
+def _trainer(config, *, mesh, batch=8, num_microbatches=1, lr=3e-3):
+    schedule = optimizers.warmup_constant(peak=lr, warmup_steps=1)
+    return Trainer(model=EncoderDecoderModel(config=config),
+                   optimizer=optimizers.make_optimizer(name="adafactor", learning_rate=schedule), mesh=mesh,
+                   input_length=12, target_length=6, batch_size=batch, num_microbatches=num_microbatches)
+
+
+def test_param_partition_specs_on_2x4_mesh():
+    mesh = partitioning.make_mesh(data=2, model=4)
+    trainer = _trainer(TINY, mesh=mesh)
+    expected = {"token_embedder": ("model", None), "logits_dense": (None, "model"), "query": (None, "model", None),
+                "key": (None, "model", None), "value": (None, "model", None), "out": ("model", None, None),
+                "wi_0": (None, "model"), "wi_1": (None, "model"), "wo": ("model", None), "scale": (None,),
+                "rel_embedding": ("model", None)}
+    state = trainer.init_state(jax.random.PRNGKey(0))
+    flat = jax.tree_util.tree_flatten_with_path(state.params)[0]
+    assert len(flat) == 2 + 2 + 4 * (4 * 1 + 3 + 2) + 4 * (4 * 2 + 3 + 3) + 2
+    for path, leaf in flat:
+        name = path[-1].key
+        want = expected[name]
+        assert tuple(leaf.sharding.spec) + (None,) * (leaf.ndim - len(leaf.sharding.spec)) == want, (path, leaf.sharding)
+        # The abstract state carries the same shardings the init produced.
+    abstract = jax.tree_util.tree_flatten_with_path(trainer.abstract_state.params)[0]
+    for (_, a), (_, b) in zip(abstract, flat):
+        assert a.sharding == b.sharding
+
+
+def test_train_steps_on_tiny_lower_the_loss():
+    mesh = partitioning.make_mesh(data=2, model=4)
+    trainer = _trainer(TINY, mesh=mesh)
+    state = trainer.init_state(jax.random.PRNGKey(0))
+    batch = _batch(np.random.default_rng(0))
+    rng = jax.random.PRNGKey(1)
+    losses = []
+    for _ in range(8):
+        state, metrics = trainer.train_step(state, batch, rng)
+        losses.append(float(metrics["loss"] / metrics["weight"]))
+    assert int(state.step) == 8
+    assert losses[-1] < 0.7 * losses[0], losses
+    assert all(math.isfinite(x) for x in losses)
+
+
+def test_microbatches_give_the_same_update_as_one_batch():
+    config = network.T5Config(**{**MICRO.__dict__, "dropout_rate": 0.0})
+    mesh = partitioning.make_mesh(data=4, model=2)
+    batch = _batch(np.random.default_rng(3))
+    batch["decoder_loss_weights"][:3, 4:] = 0  # unequal token counts per microbatch: normalisation matters
+    results = []
+    for micro in (1, 2):
+        trainer = _trainer(config, mesh=mesh, num_microbatches=micro)
+        state = trainer.init_state(jax.random.PRNGKey(0))
+        state, metrics = trainer.train_step(state, batch, jax.random.PRNGKey(1))
+        results.append((jax.device_get(state.params), float(metrics["loss"])))
+    np.testing.assert_allclose(results[0][1], results[1][1], rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(results[0][0]), jax.tree.leaves(results[1][0])):
+        np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-6)
+
+
+def test_bad_batch_sizes_are_rejected():
+    mesh = partitioning.make_mesh(data=8, model=1)
+    with pytest.raises(ValueError, match="not divisible by the 'data' mesh axis"):
+        _trainer(MICRO, mesh=mesh, batch=12)
+    with pytest.raises(ValueError, match="num_microbatches"):
+        _trainer(MICRO, mesh=mesh, batch=16, num_microbatches=3)
+
+
+# --- The loop, on a real (fixture) data dir --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> pathlib.Path:
+    path = tmp_path_factory.mktemp("data") / "fixture"
+    shutil.copytree(FIXTURE_DATA, path)
+    texts = [line.split("\t", 1)[1] for name in ("collection.tsv", "queries.train.tsv")
+             for line in (path / name).read_text().splitlines()]
+    train_sentencepiece(texts=texts * 3, model_path=path / "spm.model", vocab_size=320)
+    return path
+
+
+def _experiment(data_dir, model_dir, *, dropout=0.1, lr=3e-3):
+    return training.Experiment(
+        model_dir=str(model_dir),
+        dataset=training.DatasetConfig(name="fixture", data_dir=str(data_dir), input_length=16, target_length=12),
+        network_config=network.T5Config(**{**MICRO.__dict__, "vocab_size": None, "dropout_rate": dropout}),
+        learning_rate=optimizers.warmup_constant(peak=lr, warmup_steps=2), batch_size=8, mesh_data=4,
+        mesh_model=2)
+
+
+NO_EVAL = training.EvalConfig(every_steps=-1)
+
+
+def test_resume_equals_uninterrupted_run(data_dir, tmp_path):
+    straight = _experiment(data_dir, tmp_path / "straight")
+    training.train(experiment=straight, num_train_steps=6, checkpoint_every_steps=3, eval_config=NO_EVAL,
+                   progress=False)
+    resumed = _experiment(data_dir, tmp_path / "resumed")
+    training.train(experiment=resumed, num_train_steps=3, checkpoint_every_steps=3, eval_config=NO_EVAL,
+                   progress=False)
+    # A new process would rebuild everything: so do we, then continue from the checkpoint and its input position.
+    training.train(experiment=resumed, num_train_steps=6, checkpoint_every_steps=3, eval_config=NO_EVAL,
+                   progress=False)
+    a, _ = straight.build().restore()
+    b, input_state = resumed.build().restore()
+    assert int(a.step) == int(b.step) == 6
+    assert input_state["batches_consumed"] == 6
+    for x, y in zip(jax.tree.leaves(jax.device_get(a)), jax.tree.leaves(jax.device_get(b))):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_non_finite_loss_stops_training_and_keeps_last_good_checkpoint(data_dir, tmp_path):
+    experiment = _experiment(data_dir, tmp_path / "nan", lr=1e30)
+    with pytest.raises(training.NonFiniteLossError, match="last good checkpoint"):
+        training.train(experiment=experiment, num_train_steps=40, checkpoint_every_steps=1, log_every_steps=1,
+                       eval_config=NO_EVAL, progress=False)
+    state, _ = experiment.build().restore()
+    assert all(np.isfinite(x).all() for x in jax.tree.leaves(jax.device_get(state.params)))
+
+
+def test_train_eval_search_entry_points(data_dir, tmp_path, capsys):
+    from gr_jax import eval as eval_main
+    from gr_jax import search
+    from gr_jax import train as train_main
+    model_dir = tmp_path / "run"
+    common = [f"--gin.DATA_DIR='{data_dir}'", f"--gin.MODEL_DIR={model_dir}", "--gin.DATASET_NAME='fixture'",
+              "--gin.INPUT_LENGTH=16", "--gin.TARGET_LENGTH=12", "--gin.BATCH_SIZE=8",
+              "--gin.training.EvalConfig.num_beams=4", "--gin.training.EvalConfig.batch_size=8"]
+    import gin
+    gin.clear_config()
+    train_main.main(["--gin_file=runs/train.gin", "--gin_file=models/t5_1_1/tiny.gin", "--gin.TRAIN_STEPS=2",
+                     "--gin.network.T5Config.num_encoder_layers=1", "--gin.network.T5Config.num_decoder_layers=1",
+                     *common])
+    final = json.loads((model_dir / "final_metrics.json").read_text())
+    assert final["eval/num_queries"] == 4  # every dev query of the fixture was ranked
+    assert final["eval/invalid_docid_rate"] == 0.0  # constrained decoding
+    assert (model_dir / "run.dev.2.trec").exists() and (model_dir / "config.gin").exists()
+    assert list((model_dir).glob("events.out.tfevents*")) or list(model_dir.rglob("*tfevents*"))
+
+    gin.clear_config()
+    eval_main.main(["--gin_file", str(model_dir / "config.gin"), "--gin.training.EvalConfig.constrained=False"])
+    metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert metrics["num_queries"] == 4 and 0.0 <= metrics["invalid_docid_rate"] <= 1.0
+
+    gin.clear_config()
+    search.main(["--model_dir", str(model_dir), "--top_k", "3", "--num_beams", "4", "sourdough bread"])
+    out = capsys.readouterr().out
+    assert "query: sourdough bread" in out and "  1. " in out
+    assert "(not a docid of the corpus)" not in out
+
+
+def test_unknown_gin_binding_is_reported():
+    import gin
+    from gr_jax import train as train_main
+    gin.clear_config()
+    with pytest.raises(ValueError, match="No configurable matching 'T5Config.no_such_knob'|no_such_knob"):
+        train_main.main(["--gin_file=runs/train.gin", "--gin.network.T5Config.no_such_knob=3"])

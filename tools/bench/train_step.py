@@ -1,0 +1,120 @@
+"""Train-step throughput as a fraction of the machine's matmul throughput, measured in one process.
+
+python -m tools.bench.train_step --config gin_configs/models/t5_1_1/small.gin [--batch 64 --inputs 32 --targets 8]
+
+Prints one JSON line: steps/s, tokens/s, model FLOP/s (XLA's cost analysis of the compiled train step divided by
+its median time), a float32 matmul probe's FLOP/s, and their ratio. Step and probe are timed alternately so that
+the machine's drifting speed affects both alike; the ratio is the figure to compare across machines.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gr_jax import gin_utils
+from gr_jax import network
+from gr_jax import optimizers
+from gr_jax import partitioning
+from gr_jax.models import EncoderDecoderModel
+from gr_jax.trainer import Trainer
+
+
+def _compiled_flops(compiled) -> float:
+    cost = compiled.cost_analysis()
+    if isinstance(cost, (list, tuple)):
+        cost = cost[0]
+    return float(cost["flops"])
+
+
+def random_batch(rng: np.random.Generator, *, batch: int, inputs: int, targets: int, vocab: int) -> dict:
+    targets_tokens = rng.integers(2, vocab, size=(batch, targets), dtype=np.int32)
+    return {
+        "encoder_input_tokens": rng.integers(2, vocab, size=(batch, inputs), dtype=np.int32),
+        "decoder_target_tokens": targets_tokens,
+        "decoder_input_tokens": np.concatenate([np.zeros((batch, 1), np.int32), targets_tokens[:, :-1]], 1),
+        "decoder_loss_weights": np.ones((batch, targets), np.int32),
+    }
+
+
+def _time(fn) -> float:
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    return time.perf_counter() - start
+
+
+def run(*, config: network.T5Config, batch: int, inputs: int, targets: int, steps: int, optimizer: str,
+        probe_size: int) -> dict:
+    model = EncoderDecoderModel(config=config)
+    mesh = partitioning.make_mesh(data=-1, model=1)
+    lr = optimizers.warmup_constant(peak=1e-3, warmup_steps=100)
+    trainer = Trainer(model=model, optimizer=optimizers.make_optimizer(name=optimizer, learning_rate=lr),
+                      mesh=mesh, input_length=inputs, target_length=targets, batch_size=batch)
+    state = trainer.init_state(jax.random.PRNGKey(0))
+    data = random_batch(np.random.default_rng(0), batch=batch, inputs=inputs, targets=targets,
+                        vocab=config.vocab_size)
+    rng = jax.random.PRNGKey(1)
+    global_batch = partitioning.host_batch_to_global(data, mesh=mesh)
+    step_flops = _compiled_flops(trainer.lower_train_step(state, global_batch, rng).compile())
+
+    a = jax.random.normal(jax.random.PRNGKey(2), (probe_size, probe_size), jnp.float32)
+    b = jax.random.normal(jax.random.PRNGKey(3), (probe_size, probe_size), jnp.float32)
+    probe = jax.jit(lambda x, y: x @ y)
+    probe_flops = _compiled_flops(probe.lower(a, b).compile())
+    jax.block_until_ready(probe(a, b))
+
+    holder = {"state": trainer.train_step(state, data, rng)[0]}  # compile + warm up
+
+    def one_step():
+        holder["state"], metrics = trainer.train_step(holder["state"], data, rng)
+        return metrics["loss"]
+
+    step_times, probe_times = [], []
+    for _ in range(steps):
+        step_times.append(_time(one_step))
+        probe_times.append(min(_time(lambda: probe(a, b)) for _ in range(3)))
+    step_s = statistics.median(step_times)
+    probe_s = statistics.median(probe_times)
+    model_flops_per_s = step_flops / step_s
+    probe_flops_per_s = probe_flops / probe_s
+    return {
+        "benchmark": "train_step",
+        "params": trainer.param_count(),
+        "batch": batch, "inputs": inputs, "targets": targets, "dtype": config.dtype, "optimizer": optimizer,
+        "devices": jax.device_count(), "platform": jax.devices()[0].platform,
+        "steps_per_s": 1.0 / step_s,
+        "tokens_per_s": batch * (inputs + targets) / step_s,
+        "step_flops": step_flops,
+        "model_flops_per_s": model_flops_per_s,
+        "probe_flops_per_s": probe_flops_per_s,
+        "ratio": model_flops_per_s / probe_flops_per_s,
+        "timed_steps": steps,
+    }
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--config", required=True, help="a size gin, e.g. gin_configs/models/t5_1_1/small.gin")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--inputs", type=int, default=32)
+    parser.add_argument("--targets", type=int, default=8)
+    parser.add_argument("--vocab", type=int, default=32128)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--optimizer", default="adafactor")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--probe_size", type=int, default=2048)
+    args = parser.parse_args(argv)
+    gin_utils.parse_gin(gin_files=[args.config], bindings=[])
+    config = gin.get_configurable(network.T5Config)(vocab_size=args.vocab, dtype=args.dtype, dropout_rate=0.1)
+    print(json.dumps(run(config=config, batch=args.batch, inputs=args.inputs, targets=args.targets,
+                         steps=args.steps, optimizer=args.optimizer, probe_size=args.probe_size)))
+
+
+if __name__ == "__main__":
+    main()
