@@ -1,0 +1,44 @@
+# Two commands: `make demo` (train + evaluate on the embedded WordNet default) and `make test`.
+# Both create or reuse .venv with the pinned dependencies of setup.py.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+WORDNET_DIR ?= /usr/share/wordnet
+DEMO_DATA := data/wordnet_food
+DEMO_DIR ?= runs/wordnet_demo
+DEMO_STEPS ?= 400
+export TF_CPP_MIN_LOG_LEVEL := 3
+
+.PHONY: demo test venv wordnet clean-demo
+
+venv: $(STAMP)
+
+$(STAMP): setup.py
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+# WordNet 3.0 dict files (Debian's wordnet-base); any other dict dir: make demo WORDNET_DIR=...
+wordnet:
+	@test -f $(WORDNET_DIR)/data.noun || { \
+	  echo "WordNet not found in $(WORDNET_DIR); installing Debian's wordnet-base"; \
+	  (apt-get update -qq && apt-get install -y -qq wordnet-base) >/dev/null || { \
+	    echo "Could not install wordnet-base: run 'apt-get install -y wordnet-base' as root, or pass WORDNET_DIR=<a WordNet dict dir, e.g. nltk_data/corpora/wordnet>"; exit 1; }; }
+
+$(DEMO_DATA)/spm.model: | $(STAMP) wordnet
+	$(PY) -m tools.wordnet --wordnet_dir $(WORDNET_DIR) --lexfiles noun.food --out_dir $(DEMO_DATA)
+	$(PY) -m tools.make_vocab --data_dir $(DEMO_DATA) --vocab_size 2000
+
+demo: $(STAMP) $(DEMO_DATA)/spm.model
+	mkdir -p $(DEMO_DIR)
+	$(PY) -m tools.bm25 --data_dir $(DEMO_DATA) --split dev --run_file $(DEMO_DIR)/bm25.dev.trec > $(DEMO_DIR)/bm25.json
+	$(PY) -m gr_jax.train --gin_file=experiments/wordnet_demo.gin --gin.MODEL_DIR=$(DEMO_DIR) --gin.TRAIN_STEPS=$(DEMO_STEPS)
+	$(PY) -m tools.demo_report --model_dir $(DEMO_DIR) --bm25 $(DEMO_DIR)/bm25.json
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+clean-demo:
+	rm -rf $(DEMO_DIR)
