@@ -14,7 +14,8 @@
 
 Adding a representation or a row is one entry in these tables; every task shares the same pipeline:
 
-    source -> tokenize_inputs -> representation preprocessors -> docid_targets -> trim_inputs_and_append_eos
+    source -> tokenize_inputs -> docid_targets -> representation inputs (FirstP: trim_inputs_and_append_eos)
+           -> cache_in_memory -> seqio.CacheDatasetPlaceholder -> [stochastic representation inputs]
            -> require_feature_lengths
 
 Targets are the docid table's rows (pre-tokenized, EOS included), never re-tokenized or trimmed; the table is
@@ -29,9 +30,9 @@ import os
 import pathlib
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Literal
 
 import seqio
+import tensorflow as tf
 
 from gr_jax.data import preprocessors
 from gr_jax.data.readers import RetrievalDataset, open_dataset
@@ -41,22 +42,34 @@ from tasks import docid_tables, sources
 
 logger = logging.getLogger(__name__)
 
-SourceKind = Literal["documents", "labeled_queries"]
+# Raw example sources a representation can start from (see `tasks.sources`).
+SOURCES: dict[str, Callable[..., tuple[seqio.DataSource | None, dict[str, int]]]] = {
+    "documents": sources.documents_source,              # every document: {"docid", "inputs": text}
+    "labeled_queries": sources.labeled_queries_source,  # (query, relevant doc): {"qid", "docid", "inputs": query}
+}
+
+
+def first_tokens(input_length: int) -> tuple[Callable[..., tf.data.Dataset], ...]:
+    """The first `input_length - 1` tokens + EOS: FirstP on documents, a plain trim on queries."""
+    return (functools.partial(preprocessors.trim_inputs_and_append_eos, input_length=input_length),)
 
 
 @dataclasses.dataclass(frozen=True)
 class Representation:
     """One way of turning a data dir into `(inputs, docid)` examples.
 
-    source: which raw examples it starts from (`tasks.sources`): every document, or (query, relevant doc) pairs.
-    preprocessors: seqio preprocessors between tokenization and the docid targets, i.e. on `inputs: int32[n]`
-      before the final trim to `input_length` (none for FirstP: the trim alone is FirstP).
+    source: the raw examples it starts from, a key of `SOURCES`.
+    inputs: given `input_length`, the seqio preprocessors that turn the tokenized `inputs: int32[n]` into the
+      model's inputs (at most `input_length` tokens, EOS last).
+    deterministic: whether `inputs` yields the same examples every epoch; then it runs before the in-memory
+      cache. Stochastic ones (e.g. random spans) run after it and are reseeded each epoch by seqio.
     """
 
     name: str
     description: str
-    source: SourceKind
-    preprocessors: tuple[Callable[..., object], ...] = ()
+    source: str
+    inputs: Callable[[int], tuple[Callable[..., tf.data.Dataset], ...]] = first_tokens
+    deterministic: bool = True
 
 
 REPRESENTATIONS: dict[str, Representation] = {r.name: r for r in (
@@ -92,6 +105,7 @@ class _Registration:
     target_length: int
     mixing_rates: tuple[tuple[str, float], ...] | None
     shuffle_buffer_size: int
+    cache_in_memory: bool
 
 
 # (name, docid scheme) -> registration and the provider names it added.
@@ -108,6 +122,7 @@ def register_dataset(
         vocabulary_path: str | os.PathLike | None = None,
         mixing_rates: Mapping[str, float] | None = None,
         shuffle_buffer_size: int = DEFAULT_SHUFFLE_BUFFER_SIZE,
+        cache_in_memory: bool = True,
 ) -> list[str]:
     """Registers the Tasks and Mixtures of one data dir (see the module docstring); returns their names.
 
@@ -118,6 +133,9 @@ def register_dataset(
       None mixes proportionally to training example counts.
     shuffle_buffer_size: examples per task in the training shuffle buffer (after trimming, so ~80 tokens each),
       at most one epoch of the task; the default shuffles corpora up to 100k documents completely.
+    cache_in_memory: keep each task's trimmed, tokenized examples in memory after the first epoch, so later
+      epochs skip reading, tokenizing and the docid lookup (at most input_length + target_length int32 and
+      the id strings per example: a few GB for all of MS MARCO, divided among hosts).
 
     Registering the same name and scheme again with the same arguments re-registers (picking up changed
     files); different arguments under the same name and scheme raise ValueError. Mixture rows whose
@@ -129,15 +147,15 @@ def register_dataset(
                          f"names `{{name}}.{{representation}}.{{scheme}}`)")
     if docid_scheme not in docid_tables.DOCID_SCHEMES:
         raise ValueError(f"unknown docid scheme {docid_scheme!r}; known: {sorted(docid_tables.DOCID_SCHEMES)}")
-    for arg, value in (("input_length", input_length), ("target_length", target_length),
-                       ("shuffle_buffer_size", shuffle_buffer_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 2:
-            raise ValueError(f"{arg} must be an integer >= 2, got {value!r}")
+    for arg, value, smallest in (("input_length", input_length, 2), ("target_length", target_length, 2),
+                                 ("shuffle_buffer_size", shuffle_buffer_size, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < smallest:
+            raise ValueError(f"{arg} must be an integer >= {smallest}, got {value!r}")
     data_dir = pathlib.Path(data_dir).resolve()
     vocabulary_path = pathlib.Path(vocabulary_path or data_dir / MODEL_FILENAME).resolve()
     registration = _Registration(
         data_dir=str(data_dir), vocabulary_path=str(vocabulary_path), input_length=input_length,
-        target_length=target_length, shuffle_buffer_size=shuffle_buffer_size,
+        target_length=target_length, shuffle_buffer_size=shuffle_buffer_size, cache_in_memory=bool(cache_in_memory),
         mixing_rates=None if mixing_rates is None else tuple(sorted((k, float(v)) for k, v in mixing_rates.items())))
     previous = _REGISTERED.get((name, docid_scheme))
     if previous is not None:
@@ -161,7 +179,7 @@ def register_dataset(
         train_counts = _register_tasks(
             name=name, docid_scheme=docid_scheme, dataset=dataset, table=table, vocabulary=vocabulary,
             input_length=input_length, target_length=target_length, shuffle_buffer_size=shuffle_buffer_size,
-            added=names)
+            cache_in_memory=cache_in_memory, added=names)
         _register_mixtures(name=name, docid_scheme=docid_scheme, train_counts=train_counts,
                            mixing_rates=mixing_rates, added=names)
     except BaseException:
@@ -196,15 +214,12 @@ def _register_tasks(
         input_length: int,
         target_length: int,
         shuffle_buffer_size: int,
+        cache_in_memory: bool,
         added: list[str],
 ) -> dict[str, int]:
     """Adds one Task per representation (appending its name to `added`); returns training example counts."""
-    documents = sources.documents_source(dataset=dataset, num_documents=len(table))
-    labeled, labeled_counts = sources.labeled_queries_source(dataset=dataset, docids=table.docids)
-    built: dict[SourceKind, tuple[seqio.DataSource | None, dict[str, int]]] = {
-        "documents": (documents, {sources.TRAIN: len(table)}),
-        "labeled_queries": (labeled, labeled_counts),
-    }
+    built = {kind: SOURCES[kind](dataset=dataset, table=table)
+             for kind in dict.fromkeys(r.source for r in REPRESENTATIONS.values())}
     output_features = {
         "inputs": seqio.Feature(vocabulary=vocabulary, add_eos=True),
         # Pre-tokenized docid rows already end in EOS.
@@ -214,18 +229,24 @@ def _register_tasks(
     for representation in REPRESENTATIONS.values():
         source, counts = built[representation.source]
         if source is None:
-            logger.warning("%s: no queries/qrels splits, so no %r task", dataset.data_dir, representation.name)
+            logger.warning("%s: no data for source %r, so no %r task", dataset.data_dir, representation.source,
+                           representation.name)
             continue
         provider = task_name(name=name, representation=representation.name, docid_scheme=docid_scheme)
+        inputs = representation.inputs(input_length)
+        deterministic = [preprocessors.tokenize_inputs,
+                         functools.partial(preprocessors.docid_targets, docid_table=table),
+                         *(inputs if representation.deterministic else ())]
         seqio.TaskRegistry.add(
             provider,
             source=source,
             output_features=output_features,
             preprocessors=[
-                preprocessors.tokenize_inputs,
-                *representation.preprocessors,
-                functools.partial(preprocessors.docid_targets, docid_table=table),
-                functools.partial(preprocessors.trim_inputs_and_append_eos, input_length=input_length),
+                *deterministic,
+                *([preprocessors.cache_in_memory] if cache_in_memory else []),
+                # Everything before the placeholder is the same every epoch: seqio may also cache it offline.
+                seqio.CacheDatasetPlaceholder(),
+                *(() if representation.deterministic else inputs),
                 functools.partial(preprocessors.require_feature_lengths, provider_name=provider,
                                   minimum={"inputs": input_length, "targets": target_length}),
             ],

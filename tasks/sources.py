@@ -1,6 +1,7 @@
 """seqio data sources over a retrieval data dir: raw `{"docid", "inputs"[, "qid"]}` string examples.
 
-Two kinds, one per kind of representation in `tasks/retrieval.py`:
+Each builder takes `(*, dataset, table)` and returns `(seqio source or None, example count per split)`;
+`tasks/retrieval.py` lists them in `SOURCES`. Two kinds so far:
 
 * `documents_source`: every document of the collection, streamed from the reader each epoch (an 8.8M
   passage collection never sits in Python memory); example = `{"docid", "inputs": document text}`.
@@ -21,6 +22,7 @@ import seqio
 import tensorflow as tf
 
 from gr_jax.data.readers import RetrievalDataset
+from gr_jax.docids import DocidTable
 
 logger = logging.getLogger(__name__)
 
@@ -35,10 +37,14 @@ _STRINGS = tf.TensorSpec(shape=(None,), dtype=tf.string)
 _CHUNK = 1024
 
 
-def documents_source(*, dataset: RetrievalDataset, num_documents: int) -> seqio.FunctionDataSource:
+def documents_source(
+        *,
+        dataset: RetrievalDataset,
+        table: DocidTable,
+) -> tuple[seqio.FunctionDataSource, dict[str, int]]:
     """Every document as `{"docid": str, "inputs": text}`; split 'train' only (indexing sees the whole corpus).
 
-    `num_documents` (the docid table's size) is declared to seqio for proportional mixing rates.
+    Returns the source and its example count per split (the docid table's size, declared to seqio).
     """
     def chunks() -> Iterator[dict[str, list[str]]]:
         docids, texts = [], []
@@ -53,9 +59,11 @@ def documents_source(*, dataset: RetrievalDataset, num_documents: int) -> seqio.
 
     def dataset_fn(split: str, shuffle_files: bool, seed: int | None = None) -> tf.data.Dataset:
         del split, shuffle_files, seed  # One split, one file read in order; the Task shuffles examples.
-        return tf.data.Dataset.from_generator(chunks, output_signature={"docid": _STRINGS, "inputs": _STRINGS}).unbatch()
+        signature = {"docid": _STRINGS, "inputs": _STRINGS}
+        return tf.data.Dataset.from_generator(chunks, output_signature=signature).unbatch()
 
-    return seqio.FunctionDataSource(dataset_fn, splits=(TRAIN,), num_input_examples={TRAIN: num_documents})
+    counts = {TRAIN: len(table)}
+    return seqio.FunctionDataSource(dataset_fn, splits=(TRAIN,), num_input_examples=counts), counts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,7 +136,7 @@ def known_qrels_docids(*, dataset: RetrievalDataset, splits: Collection[str], do
 def labeled_queries_source(
         *,
         dataset: RetrievalDataset,
-        docids: Collection[str],
+        table: DocidTable,
 ) -> tuple[seqio.FunctionDataSource | None, dict[str, int]]:
     """(query, relevant docid) examples: seqio split 'train' from the reader's 'train' split (one example per
     relevant pair) and 'validation' from its 'dev' split (first relevant document per query).
@@ -145,7 +153,7 @@ def labeled_queries_source(
         reader_splits[VALIDATION] = validation
     if not reader_splits:
         return None, {}
-    known = known_qrels_docids(dataset=dataset, splits=reader_splits.values(), docids=docids)
+    known = known_qrels_docids(dataset=dataset, splits=reader_splits.values(), docids=table.docids)
     examples: Mapping[str, LabeledQueries] = {
         seqio_split: labeled_queries(dataset=dataset, split=reader_split, known_docids=known,
                                      first_relevant_only=seqio_split != TRAIN)

@@ -96,3 +96,19 @@ def test_require_feature_lengths_refuses_shorter_lengths(sequence_length, short)
     with pytest.raises(ValueError, match=f"'my.task'.*{short}"):
         preprocessors.require_feature_lengths(_dataset([{"inputs": "x"}]), sequence_length,
                                               minimum={"inputs": 8, "targets": 4}, provider_name="my.task")
+
+
+def test_cache_in_memory_reads_the_input_once_over_several_epochs():
+    reads = []
+
+    def examples():
+        reads.append(1)
+        yield from ({"docid": f"d{i}", "inputs": [i, 1]} for i in range(3))
+
+    ds = tf.data.Dataset.from_generator(examples, output_signature={"docid": tf.TensorSpec((), tf.string),
+                                                                    "inputs": tf.TensorSpec([None], tf.int32)})
+    expected = [{"docid": f"d{i}", "inputs": [i, 1]} for i in range(3)]
+    assert_dataset(preprocessors.cache_in_memory(ds).repeat(3), expected * 3)
+    assert len(reads) == 1
+    assert_dataset(ds.repeat(3), expected * 3)
+    assert len(reads) == 4  # without the cache every epoch reads again

@@ -15,7 +15,8 @@ import sentencepiece as spm
 from seqio.test_utils import assert_dataset
 
 import tasks
-from gr_jax.data.readers import read_collection, read_queries
+from gr_jax.data import pipeline
+from gr_jax.data.readers import RetrievalDataset, read_collection, read_queries
 from gr_jax.docids import DocidTable
 from gr_jax.vocabulary import EOS_ID, train_sentencepiece
 
@@ -208,4 +209,26 @@ def test_data_dir_without_training_queries_registers_no_mixture(tmp_path, vocab_
     with caplog.at_level(logging.WARNING):
         names = register(name="docs_only", data_dir=data_dir)
     assert names == ["docs_only.firstp.naive"]
-    assert any("no 'labeled' task" in r.getMessage() for r in caplog.records)
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("no data for source 'labeled_queries', so no 'labeled' task" in m for m in messages), messages
+
+
+@pytest.mark.parametrize("cache_in_memory", [True, False])
+def test_training_reads_the_collection_once_when_cached_in_memory(data_dir, register, monkeypatch, cache_in_memory):
+    name = f"cached_{cache_in_memory}".lower()
+    register(name=name, data_dir=data_dir, cache_in_memory=cache_in_memory)
+    reads = []
+    original = RetrievalDataset.collection
+
+    def counted(self):
+        reads.append(1)
+        return original(self)
+
+    monkeypatch.setattr(RetrievalDataset, "collection", counted)
+    # seqio itself caches sources under 10,000 examples (ours has 10): turn that off to see our cache alone.
+    monkeypatch.setattr(seqio.dataset_providers, "_MAX_EXAMPLES_TO_MEM_CACHE", 0)
+    batches = pipeline.train_batches(mixture_or_task_name=f"{name}.firstp.naive", batch_size=5, input_length=64,
+                                     target_length=16, seed=0)
+    for _ in range(8):  # 40 examples: 4 epochs of the 10 documents
+        next(batches)
+    assert len(reads) == 1 if cache_in_memory else len(reads) >= 4

@@ -6,6 +6,8 @@ A retrieval Task (see `tasks/retrieval.py`) chains seqio's own preprocessors wit
     tokenize_inputs             inputs: str -> int32[n]            (seqio tokenize; no EOS yet)
     docid_targets               targets: int32[m]                   (the DocidTable row: docid tokens + EOS)
     trim_inputs_and_append_eos  inputs: int32[<= input_length]      (first input_length - 1 tokens + EOS)
+    cache_in_memory             (later epochs start here)
+    seqio.CacheDatasetPlaceholder, then seqio repeats; stochastic representations would map here
     require_feature_lengths     (a check at pipeline construction, examples unchanged)
 
 Targets are pre-tokenized on purpose: they must be exactly the docid table's rows, the same sequences the
@@ -13,6 +15,7 @@ decoding trie is built from, so they never go through the tokenizer or the trimm
 """
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -23,22 +26,44 @@ import tensorflow as tf
 if TYPE_CHECKING:
     from gr_jax.docids import DocidTable
 
+
+def tokenize_inputs(dataset: tf.data.Dataset, output_features: Mapping[str, seqio.Feature]) -> tf.data.Dataset:
+    """seqio's `tokenize` on the string features present (only `inputs`: targets arrive pre-tokenized).
+
+    `copy_pretokenized=False`: the untrimmed passage text would otherwise ride along through the shuffle
+    buffer and mislead anyone inspecting examples (the model only sees the trimmed tokens).
+    """
+    return seqio.preprocessors.tokenize(dataset, output_features=output_features, copy_pretokenized=False)
+
+
+# One lookup per DocidTable object, shared by every pipeline built from it (the Tasks of a mixture, eval and
+# training), instead of one copy of an 8.8M-entry hash table per pipeline.
+_LOOKUPS: weakref.WeakKeyDictionary[DocidTable, tuple[tf.lookup.StaticHashTable, tf.Tensor, tf.Tensor]] = (
+    weakref.WeakKeyDictionary())
+
+
+def _docid_lookup(docid_table: DocidTable) -> tuple[tf.lookup.StaticHashTable, tf.Tensor, tf.Tensor]:
+    """(docid -> row hash table, tokens int32[N, L], lengths int32[N]) as TensorFlow objects."""
+    if docid_table not in _LOOKUPS:
+        row_of_docid = tf.lookup.StaticHashTable(
+            tf.lookup.KeyValueTensorInitializer(
+                keys=tf.constant(list(docid_table.docids), dtype=tf.string),
+                values=tf.range(len(docid_table.docids), dtype=tf.int64)),
+            default_value=-1)
+        _LOOKUPS[docid_table] = (row_of_docid, tf.constant(np.asarray(docid_table.tokens, dtype=np.int32)),
+                                 tf.constant(docid_table.lengths, dtype=tf.int32))
+    return _LOOKUPS[docid_table]
+
+
 def docid_targets(dataset: tf.data.Dataset, *, docid_table: DocidTable) -> tf.data.Dataset:
     """Adds `targets: int32[m]`, the DocidTable row of each example's `docid: string` (EOS kept, PAD dropped).
 
-    The lookup is a `tf.lookup.StaticHashTable` from docid to row, built once per pipeline (8.8M MS MARCO
-    ids take a few hundred MB, like the table itself). An example whose docid is not in the table fails the
+    The lookup is a `tf.lookup.StaticHashTable` from docid to row, built once per table (8.8M MS MARCO ids
+    take a few hundred MB, like the table itself). An example whose docid is not in the table fails the
     pipeline with the docid in the message: the sources already leave out (and count) qrels naming unknown
     documents, so reaching this is a bug, never something to drop silently.
     """
-    num_docids = len(docid_table.docids)
-    row_of_docid = tf.lookup.StaticHashTable(
-        tf.lookup.KeyValueTensorInitializer(
-            keys=tf.constant(list(docid_table.docids), dtype=tf.string),
-            values=tf.range(num_docids, dtype=tf.int64)),
-        default_value=-1)
-    tokens = tf.constant(np.asarray(docid_table.tokens, dtype=np.int32))
-    lengths = tf.constant(docid_table.lengths, dtype=tf.int32)
+    row_of_docid, tokens, lengths = _docid_lookup(docid_table)
 
     @seqio.map_over_dataset
     def add_targets(example: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
@@ -68,6 +93,15 @@ def trim_inputs_and_append_eos(
         dataset, output_features=output_features, sequence_length={"inputs": input_length})
 
 
+def cache_in_memory(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """Keeps the examples in memory after their first full pass, so later epochs skip the steps before.
+
+    Only for deterministic steps (seqio repeats the dataset after this point, before stochastic ones); a
+    pass cut short (e.g. `take`) caches nothing and the next one starts over.
+    """
+    return dataset.cache()
+
+
 def require_feature_lengths(
         dataset: tf.data.Dataset,
         sequence_length: Mapping[str, int] | None = None,
@@ -93,12 +127,3 @@ def require_feature_lengths(
                 f"less would truncate them ({detail}). Ask for at least the registered lengths, or register "
                 f"the dataset again with the lengths you need.")
     return dataset
-
-
-def tokenize_inputs(dataset: tf.data.Dataset, output_features: Mapping[str, seqio.Feature]) -> tf.data.Dataset:
-    """seqio's `tokenize` on the string features present (only `inputs`: targets arrive pre-tokenized).
-
-    `copy_pretokenized=False`: the untrimmed passage text would otherwise ride along through the shuffle
-    buffer and mislead anyone inspecting examples (the model only sees the trimmed tokens).
-    """
-    return seqio.preprocessors.tokenize(dataset, output_features=output_features, copy_pretokenized=False)
