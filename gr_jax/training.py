@@ -10,7 +10,6 @@ import dataclasses
 import json
 import logging
 import math
-import os
 import pathlib
 import time
 from typing import Any, Callable, Optional
@@ -60,7 +59,8 @@ class DatasetConfig:
 
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
-    every_steps: int = 0  # 0: only at the end
+    """Retrieval evaluation during training: every_steps > 0 periodically, 0 only at the end, -1 never."""
+    every_steps: int = 0
     num_beams: int = 40
     constrained: bool = True
     batch_size: int = 32
@@ -68,7 +68,7 @@ class EvalConfig:
 
 
 class NonFiniteLossError(FloatingPointError):
-    pass
+    """A training metric became NaN/inf; nothing after the last good checkpoint was saved."""
 
 
 def build_model(*, config: network.T5Config, vocabulary: Any, z_loss: float = 1e-4) -> EncoderDecoderModel:
