@@ -15,9 +15,11 @@ For beam search rows = batch * beams, batch-major (row = b * beams + k); for sam
 With a trie, the log-softmax is taken over the full vocabulary (the model's distribution) and then
 restricted to the trie's allowed tokens, so a docid's score is the model's log-likelihood of it and an
 invalid docid can never be emitted. Candidates are the log-probs gathered at the tokens of
-`Trie.children`: K = `trie.sparse_fanout` per row whenever every live row has at most K children, and
-`trie.max_fanout` per row only at the high fan-out levels near the root (a `lax.cond`); no
-vocabulary-wide mask is built.
+`Trie.children`: K = `trie.sparse_fanout` per row whenever every live row has at most K children (all
+but the first levels of realistic docids), wider (2K, 4K, ... `trie.max_fanout`) only at the high
+fan-out levels near the root (a `lax.switch`); no vocabulary-wide mask is built and no next state is
+searched for. Beam search expands only beam 0 at its first step (the root, the widest level), since
+the other beams are not alive yet.
 """
 from __future__ import annotations
 
@@ -65,10 +67,10 @@ def _check_arguments(*, trie: Trie | None, eos_id: int, max_decode_len: int, **p
                              "tokens with EOS): those docids could never be decoded")
 
 
-def _check_cache(cache: Any, rows: int) -> None:
+def _check_cache(cache: Any, *, rows: int, rows_are: str) -> None:
     for path, leaf in jax.tree_util.tree_leaves_with_path(cache):
         if jnp.ndim(leaf) == 0 or jnp.shape(leaf)[0] != rows:
-            raise ValueError(f"every cache leaf needs leading dimension {rows} (batch * beams), but "
+            raise ValueError(f"every cache leaf needs leading dimension {rows} ({rows_are}), but "
                              f"cache{jax.tree_util.keystr(path)} has shape {list(jnp.shape(leaf))}")
 
 
@@ -89,7 +91,7 @@ def _expansion_widths(trie: Trie) -> list[int]:
 
 
 def _allowed_continuations(log_probs: jax.Array, states: jax.Array, *, active: jax.Array, trie: Trie,
-                           select: Callable[[jax.Array, jax.Array, jax.Array], Any]) -> Any:
+                           select: Callable[[jax.Array, jax.Array, jax.Array], Any], width: int | None = None) -> Any:
     """Applies `select(values, tokens, next_states)` to each row's allowed next tokens.
 
     log_probs: float32[rows, vocab]; states: int32[rows] trie states; active: bool[rows], the rows whose
@@ -97,13 +99,15 @@ def _allowed_continuations(log_probs: jax.Array, states: jax.Array, *, active: j
     `trie.children` (-inf in empty slots), with their tokens and next states int32[rows, width], where
     width is the smallest of `_expansion_widths` that holds every active row's children: K below the
     first levels of realistic docids, wider only near the root (a `lax.switch`, so no step pays for a
-    wider level than its own). Every branch must return the same shapes.
+    wider level than its own). Every branch must return the same shapes. A given `width` is used as is.
     """
     def expand(width: int) -> Any:
         tokens, next_states, valid = trie.children(states, width=width)
         values = jnp.where(valid, jnp.take_along_axis(log_probs, tokens, axis=1), NEG_INF)
         return select(values, tokens, next_states)
 
+    if width is not None:
+        return expand(width)
     widths = _expansion_widths(trie)
     if len(widths) == 1:
         return expand(widths[0])
@@ -140,10 +144,11 @@ def beam_search(
     compete for the final top `num_beams` across steps. Each step keeps the best `num_beams` alive
     continuations, EOS excluded, and merges each alive beam's EOS continuation into the finished set.
     Candidates are exact and small: without a trie, each beam's top num_beams + 1 tokens (one may be EOS)
-    then the top num_beams over all beams; with a trie, each beam's allowed children (K, or `max_fanout`
-    near the root) then the top num_beams over all beams. Only beam 0 is alive at the start, so beams never duplicate. The loop stops at
-    `max_decode_len` or once no alive beam can still beat the worst finished one (exact: raw log-probs
-    only decrease; with `length_penalty` alpha the bound uses the most favourable remaining length).
+    then the top num_beams over all beams; with a trie, each beam's allowed children (K of them, more
+    near the root) then the top num_beams over all beams. Only beam 0 is alive at the start, so beams
+    never duplicate. The loop stops at `max_decode_len` or once no alive beam can still beat the worst
+    finished one (exact: raw log-probs only decrease; with `length_penalty` alpha the bound uses the
+    most favourable remaining length).
 
     scores: sum of the tokens' log-probs (EOS included), divided by `brevity_penalty(alpha, length)` if
     `length_penalty` != 0. With a trie the scores are the model's log-likelihoods of valid docids only;
@@ -155,7 +160,7 @@ def beam_search(
                      num_beams=num_beams)
     batch, beams, length = batch_size, num_beams, max_decode_len
     rows = batch * beams
-    _check_cache(cache, rows)
+    _check_cache(cache, rows=rows, rows_are="batch_size * num_beams")
     alpha = float(length_penalty)
 
     def final_score(log_prob: jax.Array, sequence_length: jax.Array | int) -> jax.Array:
@@ -171,7 +176,7 @@ def beam_search(
         done = (best_alive == NEG_INF) | (worst_finished >= best_alive)
         return (state.position < length) & ~jnp.all(done)
 
-    def search_step(state: _BeamState, *, first: bool = False) -> _BeamState:
+    def search_step(state: _BeamState) -> _BeamState:
         position = state.position
         log_probs, cache = _call_step_fn(step_fn, state.last_tokens.reshape(rows), position, state.cache)
         vocab = log_probs.shape[1]
@@ -188,30 +193,35 @@ def beam_search(
         finished_sequences = jnp.take_along_axis(
             jnp.concatenate([state.finished_sequences, candidate_sequences], axis=1), picked[:, :, None], axis=1)
 
-        # Alive candidates: the best non-EOS continuations over all beams. At the first step only beam 0
-        # is alive (all rows are at the root, where fan-out is highest): expand that row alone.
-        sources = 1 if first else beams
-        source_scores = state.alive_scores[:, :sources]
+        # Alive candidates: the best non-EOS continuations over all beams.
+        def select_alive(sources: int, *, at_root: bool) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+            """Top `beams` continuations of the first `sources` beams: (scores, parent beams, tokens, states)."""
+            source_scores = state.alive_scores[:, :sources]
 
-        def select_alive(values: jax.Array, tokens: jax.Array, next_states: jax.Array):
-            width = values.shape[1]
-            values = jnp.where(tokens == eos_id, NEG_INF, values)
-            totals = (source_scores[:, :, None] + values.reshape(batch, sources, width)).reshape(batch, -1)
-            if sources * width < beams:  # fewer candidates than beams: the rest stay empty
-                totals = jnp.pad(totals, ((0, 0), (0, beams - sources * width)), constant_values=NEG_INF)
-            scores, picked = jax.lax.top_k(totals, beams)
-            picked = jnp.minimum(picked, sources * width - 1)  # padding slots have -inf scores anyway
-            take = lambda x: jnp.take_along_axis(x.reshape(batch, sources * width), picked, axis=1)  # noqa: E731
-            return scores, picked // width, take(tokens), take(next_states)
+            def select(values: jax.Array, tokens: jax.Array, next_states: jax.Array):
+                width = values.shape[1]
+                values = jnp.where(tokens == eos_id, NEG_INF, values)
+                totals = (source_scores[:, :, None] + values.reshape(batch, sources, width)).reshape(batch, -1)
+                if sources * width < beams:  # fewer candidates than beams: the rest stay empty (-inf)
+                    totals = jnp.pad(totals, ((0, 0), (0, beams - sources * width)), constant_values=NEG_INF)
+                scores, picked = jax.lax.top_k(totals, beams)
+                picked = jnp.minimum(picked, sources * width - 1)  # padding slots keep their -inf score
+                take = lambda x: jnp.take_along_axis(x.reshape(batch, -1), picked, axis=1)  # noqa: E731
+                return scores, picked // width, take(tokens), take(next_states)
 
-        source_log_probs = log_probs.reshape(batch, beams, vocab)[:, :sources].reshape(batch * sources, vocab)
-        if trie is None:  # top num_beams + 1 per beam first (one may be EOS): no [rows, vocab] copy
-            values, tokens = jax.lax.top_k(source_log_probs, min(beams + 1, vocab))
-            alive_scores, parents, tokens, next_states = select_alive(values, tokens, jnp.zeros_like(tokens))
-        else:
-            alive_scores, parents, tokens, next_states = _allowed_continuations(
+            source_log_probs = log_probs.reshape(batch, beams, vocab)[:, :sources].reshape(batch * sources, vocab)
+            if trie is None:  # top num_beams + 1 per beam first (one may be EOS): no [rows, vocab] copy
+                values, tokens = jax.lax.top_k(source_log_probs, min(beams + 1, vocab))
+                return select(values, tokens, jnp.zeros_like(tokens))
+            return _allowed_continuations(
                 source_log_probs, state.alive_states[:, :sources].reshape(batch * sources),
-                active=source_scores.reshape(-1) > NEG_INF, trie=trie, select=select_alive)
+                active=source_scores.reshape(-1) > NEG_INF, trie=trie, select=select,
+                width=trie.max_fanout if at_root else None)  # one row per query: full width is cheap
+
+        # At position 0 only beam 0 is alive, at the root (the widest level): expand it alone, fully.
+        alive_scores, parents, tokens, next_states = jax.lax.cond(
+            position == 0, functools.partial(select_alive, 1, at_root=True),
+            functools.partial(select_alive, beams, at_root=False))
         alive_sequences = jnp.take_along_axis(state.alive_sequences, parents[:, :, None], axis=1)
         alive_sequences = alive_sequences.at[:, :, position].set(tokens)
         source_rows = (jnp.arange(batch)[:, None] * beams + parents).reshape(rows)
@@ -240,7 +250,6 @@ def beam_search(
         finished_sequences=empty_sequences,
         cache=cache,
     )
-    state = search_step(state, first=True)  # max_decode_len >= 1
     state = jax.lax.while_loop(keep_searching, search_step, state)
 
     scores, sequences = state.finished_scores, state.finished_sequences
@@ -287,7 +296,7 @@ def sample(
     if not temperature >= 0.0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     batch, length = batch_size, max_decode_len
-    _check_cache(cache, batch)
+    _check_cache(cache, rows=batch, rows_are="batch_size")
 
     def keep_sampling(state: _SampleState) -> jax.Array:
         return (state.position < length) & ~jnp.all(state.finished)

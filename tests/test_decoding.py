@@ -45,18 +45,26 @@ class ToyRNN:
 
     def score(self, sequences: np.ndarray, query: int) -> np.ndarray:
         """float64[n]: log-likelihood of each EOS-terminated sequence int[n, L] by teacher forcing."""
-        sequences = np.asarray(sequences)
-        step = self.step_fn(jnp.full(len(sequences), query))
-        cache, previous = self.initial_cache(len(sequences)), np.full(len(sequences), PAD)
-        total = np.zeros(len(sequences))
-        done = np.zeros(len(sequences), bool)
-        for position in range(sequences.shape[1]):
-            logits, cache = step(jnp.asarray(previous), position, cache)
-            log_probs = np.asarray(jax.nn.log_softmax(logits), np.float64)
-            total += np.where(done, 0.0, log_probs[np.arange(len(sequences)), sequences[:, position]])
-            done |= sequences[:, position] == EOS
-            previous = sequences[:, position]
-        return total
+        sequences = jnp.asarray(sequences, jnp.int32)
+        return np.asarray(self._teacher_forced(sequences, jnp.full(sequences.shape[0], query)), np.float64)
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def _teacher_forced(self, sequences: jax.Array, queries: jax.Array) -> jax.Array:
+        step = self.step_fn(queries)
+        previous = jnp.concatenate([jnp.full((sequences.shape[0], 1), PAD), sequences[:, :-1]], axis=1)
+        # Positions after the first EOS do not count.
+        is_eos = sequences == EOS
+        counted = jnp.cumsum(is_eos, axis=1) - is_eos == 0
+
+        def one_position(cache, inputs):
+            position, previous_tokens, tokens = inputs
+            logits, cache = step(previous_tokens, position, cache)
+            log_probs = jnp.take_along_axis(jax.nn.log_softmax(logits), tokens[:, None], axis=1)[:, 0]
+            return cache, log_probs
+
+        _, log_probs = jax.lax.scan(one_position, self.initial_cache(sequences.shape[0]),
+                                    (jnp.arange(sequences.shape[1]), previous.T, sequences.T))
+        return jnp.sum(jnp.where(counted, log_probs.T, 0.0), axis=1)
 
 
 def beams_step(model: ToyRNN, *, batch: int, beams: int):

@@ -24,7 +24,8 @@ def test_naive_table_batched_encoder_matches_per_docid_encoder():
     rng = np.random.default_rng(0)
     docids = [str(x) for x in rng.permutation(200_000)[:150_000]]  # more than one encode chunk
     per_docid = naive_docid_table(docids=docids, encode=digit_encode)
-    batched = naive_docid_table(docids=iter(docids), encode=lambda texts: [digit_encode(t) for t in texts], batched=True)
+    batched = naive_docid_table(docids=iter(docids), encode=lambda texts: [digit_encode(t) for t in texts],
+                                batched=True)
     assert batched.docids == per_docid.docids
     np.testing.assert_array_equal(batched.tokens, per_docid.tokens)
     for i in rng.integers(0, len(docids), 50):  # brute force: the row is the docid's digits then EOS
@@ -46,7 +47,8 @@ def test_duplicate_docids_and_collisions_are_refused():
     with pytest.raises(ValueError, match=r"duplicate docid '12' \(rows 0 and 2\)"):
         naive_docid_table(docids=["12", "3", "12"], encode=digit_encode)
     # An encoder that drops leading zeros maps "07" and "7" to one sequence: a collision, named.
-    with pytest.raises(ValueError, match=r"docids '7' \(row 1\) and '07' \(row 2\) have the same token sequence \[10, 1\]"):
+    with pytest.raises(ValueError,
+                       match=r"docids '7' \(row 1\) and '07' \(row 2\) have the same token sequence \[10, 1\]"):
         naive_docid_table(docids=["5", "7", "07"], encode=lambda s: digit_encode(s.lstrip("0")))
 
 
@@ -109,8 +111,8 @@ def test_save_load_round_trip(tmp_path):
 @pytest.mark.parametrize("content, line, message", [
     ("a\t5 1\nb 6 1\n", 2, "expected `docid"),
     ("a\t5 1\nb\t6 x 1\n", 2, "must be integers"),
-    ("a\t5 1\nb\t6 7\n", 2, "followed by EOS"),
-    ("a\t5 1\nb\t6 0 7 1\n", 2, "followed by EOS"),
+    ("a\t5 1\nb\t6 7\n", 2, "then EOS=1"),
+    ("a\t5 1\nb\t6 0 7 1\n", 2, "other than PAD=0 and EOS=1"),
     ("a\t5 1\nb\t6 1\na\t7 1\n", 3, "duplicate docid 'a' .first on line 1."),
     ("a\t5 1\nb\t6 1\nc\t5 1\n", 3, "docid 'c' has the same token sequence as docid 'a' on line 1"),
 ])
