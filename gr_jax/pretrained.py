@@ -1,0 +1,721 @@
+"""Initialise our T5.1.1 from a pretrained Hugging Face checkpoint (`config.json` + safetensors), straight into shards.
+
+Why: DSI-style retrieval fine-tunes a pretrained T5 (google/t5-v1_1-{small,base,large,xl,xxl}); the public weights
+are on the Hugging Face hub as safetensors, which can be read slice by slice without torch. Each of our parameters
+is built with `jax.make_array_from_callback`: every device asks for its own index of the global array and gets just
+that slice of the checkpoint tensor (memory-mapped, read with `safe_open(...).get_slice`), so an XXL model is never
+copied whole onto one device, and host memory peaks at about one tensor.
+
+Name and layout mapping (HF `nn.Linear.weight` is [out, in]; see transformers' `modeling_t5.py`):
+
+    shared.weight [vocab, d]                                  -> token_embedder [vocab, embed]
+    {enc,dec}oder.block.0.layer.0.SelfAttention.relative_attention_bias.weight [buckets, heads]
+                                                              -> {enc,dec}oder_relpos/rel_embedding [heads, buckets]
+    encoder.block.{i}.layer.0.SelfAttention.{q,k,v}.weight [heads*d_kv, d]
+                                                              -> encoder_layers_{i}/attention/{query,key,value}
+                                                                 [embed, heads, head_dim]
+    encoder.block.{i}.layer.0.SelfAttention.o.weight [d, heads*d_kv] -> .../attention/out [heads, head_dim, embed]
+    encoder.block.{i}.layer.0.layer_norm.weight                -> encoder_layers_{i}/pre_attention_norm/scale
+    encoder.block.{i}.layer.1.layer_norm.weight                -> encoder_layers_{i}/pre_mlp_norm/scale
+    encoder.block.{i}.layer.1.DenseReluDense.{wi_0,wi_1}.weight [d_ff, d] -> .../mlp/{wi_0,wi_1} [embed, mlp]
+    encoder.block.{i}.layer.1.DenseReluDense.wo.weight [d, d_ff]           -> .../mlp/wo [mlp, embed]
+    decoder.block.{i}.layer.{0,1,2}: SelfAttention / EncDecAttention / DenseReluDense, each with its layer_norm
+                                                              -> decoder_layers_{i}/{self_attention,
+                                                                 encoder_decoder_attention, mlp} and
+                                                                 pre_{self_attention,cross_attention,mlp}_norm
+    {enc,dec}oder.final_layer_norm.weight                      -> {enc,dec}oder_norm/scale
+    lm_head.weight [vocab, d]                                  -> logits_dense [embed, vocab]
+
+Numerics checked against HF: neither implementation scales attention logits by 1/sqrt(d_kv) (Mesh TensorFlow
+folded it into the query initialisation); T5.1.1 (`tie_word_embeddings: false`) has an untied `lm_head` applied
+without rescaling. HF rescales the decoder output by d_model**-0.5 only for tied embeddings (T5 1.0, which also has
+a non-gated ReLU MLP `DenseReluDense.wi`); we support that too by folding the factor into `logits_dense`.
+`feed_forward_proj: "gated-gelu"` is GELU with the tanh approximation (HF's `gelu_new`), as our network's "gelu".
+`encoder/decoder.embed_tokens.weight`, where saved, are tied copies of `shared.weight`; they are checked equal.
+
+Vocabulary: with the checkpoint's SentencePiece model (`pretrained_vocabulary`), set `T5Config.vocab_size` to the
+checkpoint's (32128 for T5). A larger vocabulary (extra docid tokens for 2D semantic ids) keeps the pretrained rows
+of `token_embedder` / `logits_dense` and takes the rows beyond from the model's own initialisation (`fresh_params`);
+an output layer over another vocabulary (atomic docid head, `output_vocab_size` != `vocab_size`) is fresh, as is
+the PAWA stack (`NEW_HEAD_PATTERNS`); PAWA's shared projection `logits_dense` takes lm_head's rows. Any other
+parameter the checkpoint has no tensor for is an error unless named in `fresh_patterns`.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import math
+import os
+import pathlib
+import re
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Sharding
+from safetensors import safe_open
+
+from gr_jax import network
+from gr_jax.data.readers import DataFormatError
+
+if TYPE_CHECKING:
+    import seqio
+
+    from gr_jax.trainer import Trainer, TrainState
+
+logger = logging.getLogger(__name__)
+
+PathLike = str | os.PathLike
+
+CONFIG_FILENAME = "config.json"
+SINGLE_FILENAME = "model.safetensors"
+INDEX_FILENAME = "model.safetensors.index.json"
+VOCABULARY_FILENAME = "spiece.model"
+
+_FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
+_SHARED = "shared.weight"
+_TIED_COPIES = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
+_LM_HEAD = "lm_head.weight"
+
+# Parameters of output heads that a pretrained T5 has no counterpart for, always initialised fresh (names from
+# gr_jax.network): DSI's atomic docid layer, and NCI's PAWA stack, which NCI also initialises randomly.
+NEW_HEAD_PATTERNS = (r"atomic_logits_dense", r"pawa/.*")
+
+# HF `feed_forward_proj` -> our `T5Config.mlp_activations`. HF maps "gated-gelu" to the tanh approximation
+# ("gelu_new"), but plain "gelu" to exact GELU, which our network does not have.
+_FEED_FORWARD_ACTIVATIONS = {
+    "gated-gelu": ("gelu", "linear"),
+    "gated-relu": ("relu", "linear"),
+    "relu": ("relu",),
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# config.json
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class HFT5Config:
+    """The fields of a Hugging Face T5 `config.json` that fix the network; defaults are HF's `T5Config` ones."""
+    path: pathlib.Path
+    text: str = dataclasses.field(repr=False)
+    model_type: str
+    vocab_size: int
+    d_model: int
+    d_kv: int
+    d_ff: int
+    num_layers: int
+    num_decoder_layers: int
+    num_heads: int
+    relative_attention_num_buckets: int
+    relative_attention_max_distance: int
+    layer_norm_epsilon: float
+    feed_forward_proj: str
+    tie_word_embeddings: bool
+    pad_token_id: int
+    eos_token_id: int
+    decoder_start_token_id: int
+
+    @property
+    def mlp_activations(self) -> tuple[str, ...]:
+        return _FEED_FORWARD_ACTIVATIONS[self.feed_forward_proj]
+
+    @property
+    def gated(self) -> bool:
+        return len(self.mlp_activations) == 2
+
+    def line_of(self, key: str) -> int:
+        """1-based line of `"key":` in the file (1 when the key is absent and HF's default applies)."""
+        return _line(self.text, key)
+
+    def error(self, key: str, message: str) -> DataFormatError:
+        return DataFormatError.at(self.path, self.line_of(key), message)
+
+
+def read_hf_config(checkpoint_dir: PathLike) -> HFT5Config:
+    """Parses and validates `checkpoint_dir/config.json` (model_type t5 or mt5, a supported feed-forward)."""
+    path = pathlib.Path(checkpoint_dir) / CONFIG_FILENAME
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no Hugging Face config.json; a checkpoint directory holds config.json "
+                                f"and {SINGLE_FILENAME} (or {INDEX_FILENAME} with its shards)")
+    text = path.read_text(encoding="utf-8")
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DataFormatError.at(path, e.lineno, f"invalid JSON: {e.msg}") from None
+    if not isinstance(raw, dict):
+        raise DataFormatError.at(path, 1, "expected a JSON object")
+
+    def get(key: str, default: Any, kind: type) -> Any:
+        value = raw.get(key, default)
+        if value is None:
+            value = default
+        if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+            raise DataFormatError.at(path, _line(text, key), f"{key} must be an integer, got {value!r}")
+        if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise DataFormatError.at(path, _line(text, key), f"{key} must be a number, got {value!r}")
+        if kind is bool and not isinstance(value, bool):
+            raise DataFormatError.at(path, _line(text, key), f"{key} must be true or false, got {value!r}")
+        if kind is str and not isinstance(value, str):
+            raise DataFormatError.at(path, _line(text, key), f"{key} must be a string, got {value!r}")
+        return kind(value)
+
+    num_layers = get("num_layers", 6, int)
+    hf = HFT5Config(
+        path=path, text=text,
+        model_type=get("model_type", "t5", str),
+        vocab_size=get("vocab_size", 32128, int),
+        d_model=get("d_model", 512, int),
+        d_kv=get("d_kv", 64, int),
+        d_ff=get("d_ff", 2048, int),
+        num_layers=num_layers,
+        num_decoder_layers=get("num_decoder_layers", num_layers, int),
+        num_heads=get("num_heads", 8, int),
+        relative_attention_num_buckets=get("relative_attention_num_buckets", 32, int),
+        relative_attention_max_distance=get("relative_attention_max_distance", 128, int),
+        layer_norm_epsilon=get("layer_norm_epsilon", 1e-6, float),
+        feed_forward_proj=get("feed_forward_proj", "relu", str),
+        tie_word_embeddings=get("tie_word_embeddings", True, bool),
+        pad_token_id=get("pad_token_id", 0, int),
+        eos_token_id=get("eos_token_id", 1, int),
+        decoder_start_token_id=get("decoder_start_token_id", 0, int),
+    )
+    if hf.model_type not in ("t5", "mt5"):
+        raise hf.error("model_type", f"model_type={hf.model_type!r}: only 't5' and 'mt5' checkpoints share our "
+                                     f"network (umt5 has per-layer relative biases, longt5 other attention)")
+    if hf.feed_forward_proj not in _FEED_FORWARD_ACTIVATIONS:
+        raise hf.error("feed_forward_proj", f"feed_forward_proj={hf.feed_forward_proj!r} is not supported; expected "
+                                            f"one of {sorted(_FEED_FORWARD_ACTIVATIONS)} (T5.1.1 is 'gated-gelu')")
+    for key, ours in (("pad_token_id", 0), ("eos_token_id", 1), ("decoder_start_token_id", 0)):
+        if getattr(hf, key) != ours:
+            raise hf.error(key, f"{key}={getattr(hf, key)} but our models use the T5 ids PAD=0 (decoder start), "
+                                f"EOS=1")
+    return hf
+
+
+def _line(text: str, key: str) -> int:
+    """1-based line of the first `"key":` in a JSON text; 1 when absent."""
+    match = re.search(r'"' + re.escape(key) + r'"\s*:', text)
+    return text.count("\n", 0, match.start()) + 1 if match else 1
+
+
+def check_config(*, hf: HFT5Config, config: network.T5Config) -> None:
+    """Fails (naming config.json, the line and both values) on every dimension where `config` and `hf` differ."""
+    if config.vocab_size is None:
+        raise ValueError("T5Config.vocab_size is unset; set it (e.g. with config.with_vocab_size) before loading")
+    pairs = (
+        ("d_model", hf.d_model, "emb_dim", config.emb_dim),
+        ("d_kv", hf.d_kv, "head_dim", config.head_dim),
+        ("d_ff", hf.d_ff, "mlp_dim", config.mlp_dim),
+        ("num_layers", hf.num_layers, "num_encoder_layers", config.num_encoder_layers),
+        ("num_decoder_layers", hf.num_decoder_layers, "num_decoder_layers", config.num_decoder_layers),
+        ("num_heads", hf.num_heads, "num_heads", config.num_heads),
+        ("relative_attention_num_buckets", hf.relative_attention_num_buckets,
+         "relative_attention_num_buckets", config.relative_attention_num_buckets),
+        ("relative_attention_max_distance", hf.relative_attention_max_distance,
+         "relative_attention_max_distance", config.relative_attention_max_distance),
+        ("feed_forward_proj", hf.mlp_activations, "mlp_activations", tuple(config.mlp_activations)),
+    )
+    problems = [(key, f"{key}={theirs!r} but T5Config.{field}={ours!r}")
+                for key, theirs, field, ours in pairs if theirs != ours]
+    epsilon = network.RMSNorm.epsilon
+    if not math.isclose(hf.layer_norm_epsilon, epsilon, rel_tol=1e-6):
+        problems.append(("layer_norm_epsilon", f"layer_norm_epsilon={hf.layer_norm_epsilon} but our RMSNorm uses "
+                                               f"{epsilon}"))
+    if config.vocab_size < hf.vocab_size:
+        problems.append(("vocab_size", f"vocab_size={hf.vocab_size} but T5Config.vocab_size={config.vocab_size} is "
+                                       f"smaller; pretrained rows are never dropped: set T5Config.vocab_size >= "
+                                       f"{hf.vocab_size}"))
+    if problems:
+        raise DataFormatError("; ".join(f"{hf.path}:{hf.line_of(key)}: {message}" for key, message in problems))
+
+
+def t5_config_from_checkpoint(*, checkpoint_dir: PathLike, **overrides: Any) -> network.T5Config:
+    """Our `T5Config` with the checkpoint's dimensions; `overrides` set the rest (dropout_rate, dtype, ...)."""
+    return t5_config_from_hf(read_hf_config(checkpoint_dir), **overrides)
+
+
+def t5_config_from_hf(hf: HFT5Config, **overrides: Any) -> network.T5Config:
+    fields = dict(vocab_size=hf.vocab_size, emb_dim=hf.d_model, num_heads=hf.num_heads,
+                  num_encoder_layers=hf.num_layers, num_decoder_layers=hf.num_decoder_layers, head_dim=hf.d_kv,
+                  mlp_dim=hf.d_ff, mlp_activations=hf.mlp_activations,
+                  relative_attention_num_buckets=hf.relative_attention_num_buckets,
+                  relative_attention_max_distance=hf.relative_attention_max_distance)
+    fields.update(overrides)
+    return network.T5Config(**fields)
+
+
+def pretrained_vocabulary(checkpoint_dir: PathLike) -> "seqio.SentencePieceVocabulary":
+    """The checkpoint's SentencePiece model (`spiece.model`, T5 ids PAD=0 EOS=1 UNK=2, no sentinels).
+
+    Use it as the dataset's vocabulary when fine-tuning from the checkpoint, with `T5Config.vocab_size` set to the
+    checkpoint's `vocab_size` (32128 for T5: 32000 pieces, 100 unused sentinels, padding to a multiple of 128).
+    """
+    from gr_jax.vocabulary import load_vocabulary
+
+    path = pathlib.Path(checkpoint_dir) / VOCABULARY_FILENAME
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: the checkpoint has no SentencePiece model; the published T5 ones ship "
+                                f"{VOCABULARY_FILENAME} beside config.json")
+    return load_vocabulary(path)
+
+
+# ----------------------------------------------------------------------------------------------
+# safetensors files
+# ----------------------------------------------------------------------------------------------
+
+
+class SafetensorsCheckpoint(contextlib.AbstractContextManager):
+    """Tensor names -> memory-mapped safetensors files (one, or shards listed by an index); reads slices."""
+
+    def __init__(self, checkpoint_dir: PathLike):
+        directory = pathlib.Path(checkpoint_dir)
+        self._stack = contextlib.ExitStack()
+        self._files: dict[str, pathlib.Path] = {}
+        self._handles: dict[str, Any] = {}
+        index_path, single_path = directory / INDEX_FILENAME, directory / SINGLE_FILENAME
+        try:
+            if index_path.is_file():
+                self._open_index(index_path)
+            elif single_path.is_file():
+                self._open_file(single_path, expected=None)
+            else:
+                found = sorted(p.name for p in directory.glob("*")) if directory.is_dir() else []
+                hint = (" (only PyTorch/TF/Flax weights: convert them to safetensors first)"
+                        if any(n.endswith((".bin", ".h5", ".msgpack")) for n in found) else "")
+                raise FileNotFoundError(f"{directory}: neither {SINGLE_FILENAME} nor {INDEX_FILENAME} found{hint}; "
+                                        f"directory holds {found}")
+        except BaseException:
+            self._stack.close()
+            raise
+
+    def _open_index(self, index_path: pathlib.Path) -> None:
+        text = index_path.read_text(encoding="utf-8")
+        try:
+            index = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise DataFormatError.at(index_path, e.lineno, f"invalid JSON: {e.msg}") from None
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise DataFormatError.at(index_path, _line(text, "weight_map"),
+                                     "expected {\"weight_map\": {tensor name: file name, ...}}")
+        by_file: dict[str, set[str]] = {}
+        for name, filename in weight_map.items():
+            by_file.setdefault(filename, set()).add(name)
+        for filename, names in sorted(by_file.items()):
+            path = index_path.parent / filename
+            if pathlib.PurePath(filename).name != filename or not path.is_file():
+                raise DataFormatError.at(index_path, _line(text, next(iter(sorted(names)))),
+                                         f"shard {filename!r} (holding e.g. {sorted(names)[0]!r}) is not a file "
+                                         f"in {index_path.parent}")
+            self._open_file(path, expected=names, index_path=index_path, index_text=text)
+
+    def _open_file(self, path: pathlib.Path, *, expected: Optional[set[str]],
+                   index_path: Optional[pathlib.Path] = None, index_text: str = "") -> None:
+        try:
+            handle = self._stack.enter_context(safe_open(str(path), framework="numpy"))
+        except Exception as e:  # safetensors raises its own SafetensorError (or OSError) on a damaged header.
+            raise DataFormatError(f"{path}: not a readable safetensors file: {e}") from e
+        names = set(handle.keys())
+        if expected is not None:
+            absent = sorted(expected - names)
+            if absent:
+                raise DataFormatError.at(index_path, _line(index_text, absent[0]),
+                                         f"tensor {absent[0]!r} is mapped to {path.name}, which does not hold it")
+            unlisted = sorted(names - expected)
+            if unlisted:
+                raise DataFormatError(f"{path}: holds tensor {unlisted[0]!r}, which {index_path.name} does not "
+                                      f"map to this file")
+        for name in names:
+            if name in self._files:
+                raise DataFormatError(f"{path}: tensor {name!r} is also in {self._files[name]}")
+            self._files[name] = path
+            self._handles[name] = handle
+
+    def __exit__(self, *exc_info) -> None:
+        self._stack.close()
+
+    def close(self) -> None:
+        self._stack.close()
+
+    @property
+    def names(self) -> frozenset[str]:
+        return frozenset(self._files)
+
+    def path(self, name: str) -> pathlib.Path:
+        return self._files[name]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._handles[name].get_slice(name).get_shape())
+
+    def dtype(self, name: str) -> str:
+        return self._handles[name].get_slice(name).get_dtype()
+
+    def read(self, name: str, index: tuple[slice, ...]) -> np.ndarray:
+        """A slice of a tensor (the file is memory-mapped: only that part is read)."""
+        return self._handles[name].get_slice(name)[index]
+
+
+# ----------------------------------------------------------------------------------------------
+# Mapping HF tensors onto our parameters
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSource:
+    """Where one of our parameters comes from: an HF tensor and how its [out, in] layout becomes ours.
+
+    layout: 'copy' (same layout), 'transpose' (2-D, ours = hf.T), 'qkv' ([h*k, d] -> [d, h, k]) or
+    'out' ([d, h*k] -> [h, k, d]). `vocab_axis`: our axis indexing tokens, whose rows beyond `hf_shape`'s vocab
+    are fresh. `scale` multiplies the values (d_model**-0.5 for a tied output layer).
+    """
+    name: str
+    layout: str
+    hf_shape: tuple[int, ...]
+    shape: tuple[int, ...]
+    vocab_axis: Optional[int] = None
+    pretrained_rows: Optional[int] = None
+    scale: float = 1.0
+
+
+def _attention_sources(prefix: str, hf_prefix: str, hf: HFT5Config) -> dict[str, TensorSource]:
+    d, h, k = hf.d_model, hf.num_heads, hf.d_kv
+    sources = {f"{prefix}/{ours}": TensorSource(f"{hf_prefix}.{theirs}.weight", "qkv", (h * k, d), (d, h, k))
+               for ours, theirs in (("query", "q"), ("key", "k"), ("value", "v"))}
+    sources[f"{prefix}/out"] = TensorSource(f"{hf_prefix}.o.weight", "out", (d, h * k), (h, k, d))
+    return sources
+
+
+def _mlp_sources(prefix: str, hf_prefix: str, hf: HFT5Config) -> dict[str, TensorSource]:
+    d, f = hf.d_model, hf.d_ff
+    inputs = ("wi_0", "wi_1") if hf.gated else ("wi",)
+    sources = {f"{prefix}/wi_{i}": TensorSource(f"{hf_prefix}.{name}.weight", "transpose", (f, d), (d, f))
+               for i, name in enumerate(inputs)}
+    sources[f"{prefix}/wo"] = TensorSource(f"{hf_prefix}.wo.weight", "transpose", (d, f), (f, d))
+    return sources
+
+
+def _norm_source(name: str, hf: HFT5Config) -> TensorSource:
+    return TensorSource(name, "copy", (hf.d_model,), (hf.d_model,))
+
+
+def hf_tensor_sources(*, hf: HFT5Config, config: network.T5Config) -> dict[str, TensorSource]:
+    """Our parameter path ('encoder_layers_0/attention/query') -> its HF tensor, for a standard T5.1.1 tree.
+
+    `logits_dense` is left out when the output layer does not share the input vocabulary (atomic docid head).
+    """
+    d, h, b, v = hf.d_model, hf.num_heads, hf.relative_attention_num_buckets, hf.vocab_size
+    sources = {
+        "token_embedder": TensorSource(_SHARED, "copy", (v, d), (config.vocab_size, d), vocab_axis=0,
+                                       pretrained_rows=v),
+        "encoder_relpos/rel_embedding": TensorSource(
+            "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight", "transpose", (b, h), (h, b)),
+        "decoder_relpos/rel_embedding": TensorSource(
+            "decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight", "transpose", (b, h), (h, b)),
+        "encoder_norm/scale": _norm_source("encoder.final_layer_norm.weight", hf),
+        "decoder_norm/scale": _norm_source("decoder.final_layer_norm.weight", hf),
+    }
+    for i in range(hf.num_layers):
+        ours, theirs = f"encoder_layers_{i}", f"encoder.block.{i}.layer"
+        sources.update(_attention_sources(f"{ours}/attention", f"{theirs}.0.SelfAttention", hf))
+        sources[f"{ours}/pre_attention_norm/scale"] = _norm_source(f"{theirs}.0.layer_norm.weight", hf)
+        sources.update(_mlp_sources(f"{ours}/mlp", f"{theirs}.1.DenseReluDense", hf))
+        sources[f"{ours}/pre_mlp_norm/scale"] = _norm_source(f"{theirs}.1.layer_norm.weight", hf)
+    for i in range(hf.num_decoder_layers):
+        ours, theirs = f"decoder_layers_{i}", f"decoder.block.{i}.layer"
+        sources.update(_attention_sources(f"{ours}/self_attention", f"{theirs}.0.SelfAttention", hf))
+        sources[f"{ours}/pre_self_attention_norm/scale"] = _norm_source(f"{theirs}.0.layer_norm.weight", hf)
+        sources.update(_attention_sources(f"{ours}/encoder_decoder_attention", f"{theirs}.1.EncDecAttention", hf))
+        sources[f"{ours}/pre_cross_attention_norm/scale"] = _norm_source(f"{theirs}.1.layer_norm.weight", hf)
+        sources.update(_mlp_sources(f"{ours}/mlp", f"{theirs}.2.DenseReluDense", hf))
+        sources[f"{ours}/pre_mlp_norm/scale"] = _norm_source(f"{theirs}.2.layer_norm.weight", hf)
+    if _output_shares_input_vocabulary(config):
+        if hf.tie_word_embeddings:
+            # HF multiplies the decoder output by d_model**-0.5 before the tied projection; fold it into the kernel.
+            sources["logits_dense"] = TensorSource(_SHARED, "transpose", (v, d), (d, config.vocab_size),
+                                                   vocab_axis=1, pretrained_rows=v, scale=d ** -0.5)
+        else:
+            sources["logits_dense"] = TensorSource(_LM_HEAD, "transpose", (v, d), (d, config.vocab_size),
+                                                   vocab_axis=1, pretrained_rows=v)
+    return sources
+
+
+def _output_shares_input_vocabulary(config: network.T5Config) -> bool:
+    """Whether `logits_dense` indexes the embedding's tokens (so it takes lm_head's rows): the standard and PAWA
+    heads over the one vocabulary; not an atomic docid head or another `output_vocab_size`."""
+    head = getattr(config, "decoder_head", "standard")
+    return head != "atomic" and config.logits_vocab_size == config.vocab_size
+
+
+def _expected_tensors(hf: HFT5Config) -> dict[str, tuple[int, ...]]:
+    """Every tensor a checkpoint with this config.json may hold -> its shape (whether our tree uses it or not)."""
+    standard = t5_config_from_hf(hf)
+    expected = {s.name: s.hf_shape for s in hf_tensor_sources(hf=hf, config=standard).values()}
+    for name in _TIED_COPIES + (_LM_HEAD,):
+        expected[name] = (hf.vocab_size, hf.d_model)
+    return expected
+
+
+def _check_tensors(ckpt: SafetensorsCheckpoint, hf: HFT5Config, needed: Mapping[str, str],
+                   expected: Mapping[str, tuple[int, ...]]) -> None:
+    """Missing (naming the parameter that needs it), unexpected, non-float and wrongly shaped tensors."""
+    present = ckpt.names
+    missing = sorted(set(needed) - present)
+    if missing:
+        listing = ", ".join(f"{name!r} (for params[{needed[name]!r}])" for name in missing[:5])
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        files = sorted({str(ckpt.path(n)) for n in present})
+        raise DataFormatError(f"{files[0] if len(files) == 1 else hf.path.parent}: missing tensor(s) {listing}{more}")
+    unexpected = sorted(present - set(expected))
+    if unexpected:
+        raise DataFormatError(
+            f"{ckpt.path(unexpected[0])}: unexpected tensor(s) {unexpected[:5]}"
+            f"{f' and {len(unexpected) - 5} more' if len(unexpected) > 5 else ''}: not part of a T5 checkpoint with "
+            f"{hf.num_layers} encoder / {hf.num_decoder_layers} decoder blocks and feed_forward_proj="
+            f"{hf.feed_forward_proj!r} ({hf.path})")
+    for name in sorted(present):
+        if ckpt.dtype(name) not in _FLOAT_DTYPES:
+            raise DataFormatError(f"{ckpt.path(name)}: tensor {name!r} has dtype {ckpt.dtype(name)}; expected one "
+                                  f"of {_FLOAT_DTYPES}")
+        if ckpt.shape(name) != expected[name]:
+            raise DataFormatError(f"{ckpt.path(name)}: tensor {name!r} has shape {list(ckpt.shape(name))}, expected "
+                                  f"{list(expected[name])} from {hf.path.name} (d_model={hf.d_model}, "
+                                  f"num_heads={hf.num_heads}, d_kv={hf.d_kv}, d_ff={hf.d_ff}, "
+                                  f"vocab_size={hf.vocab_size})")
+
+
+def _check_tied_copies(ckpt: SafetensorsCheckpoint, *, embedding: str, copies: Sequence[str],
+                       rows_per_block: int = 4096) -> None:
+    """Saved tied copies (`encoder/decoder.embed_tokens.weight`, a tied `lm_head`) must equal the embedding.
+
+    Compared in blocks of rows, so host memory stays at a few blocks even for mT5's 250k-row vocabulary.
+    """
+    if not copies:
+        return
+    rows = ckpt.shape(embedding)[0]
+    for start in range(0, rows, rows_per_block):
+        block = (slice(start, min(start + rows_per_block, rows)), slice(None))
+        reference = ckpt.read(embedding, block)
+        for name in copies:
+            if not np.array_equal(ckpt.read(name, block), reference):
+                raise DataFormatError(f"{ckpt.path(name)}: tensor {name!r} differs from {embedding!r} "
+                                      f"({ckpt.path(embedding)}), but T5 ties them and our network has one copy")
+
+
+# ----------------------------------------------------------------------------------------------
+# Building sharded parameters
+# ----------------------------------------------------------------------------------------------
+
+
+def _read_block(ckpt: SafetensorsCheckpoint, source: TensorSource, bounds: Sequence[tuple[int, int]]) -> np.ndarray:
+    """The block `bounds` (per our axis, [start, stop)) of the parameter, in our layout, from the HF tensor."""
+    s = [slice(a, b) for a, b in bounds]
+    if source.layout == "copy":
+        return ckpt.read(source.name, tuple(s))
+    if source.layout == "transpose":
+        return ckpt.read(source.name, (s[1], s[0])).T
+    k = source.shape[2] if source.layout == "qkv" else source.shape[1]
+    if source.layout == "qkv":  # hf [h*k, d] -> ours [d, h, k]; rows h*k are heads-major.
+        (d0, d1), (h0, h1), _ = bounds
+        raw = ckpt.read(source.name, (slice(h0 * k, h1 * k), s[0]))
+        return raw.reshape(h1 - h0, k, d1 - d0)[:, s[2], :].transpose(2, 0, 1)
+    if source.layout == "out":  # hf [d, h*k] -> ours [h, k, d].
+        (h0, h1), _, (d0, d1) = bounds
+        raw = ckpt.read(source.name, (s[2], slice(h0 * k, h1 * k)))
+        return raw.reshape(d1 - d0, h1 - h0, k)[:, :, s[1]].transpose(1, 2, 0)
+    raise ValueError(f"unknown layout {source.layout!r}")
+
+
+def _host_slice_fn(ckpt: SafetensorsCheckpoint, source: TensorSource, dtype: np.dtype
+                   ) -> Callable[[tuple[slice, ...]], np.ndarray]:
+    """The `make_array_from_callback` callback: one device's index -> that block, zeros beyond pretrained rows.
+
+    Devices that hold the same index (replication over a mesh axis) share one read and one host buffer.
+    """
+    cache: dict[tuple[tuple[int, int], ...], np.ndarray] = {}
+
+    def host_slice(index: tuple[slice, ...]) -> np.ndarray:
+        bounds = []
+        for axis, (sl, size) in enumerate(zip(index, source.shape)):
+            start, stop, step = sl.indices(size)
+            if step != 1:
+                raise ValueError(f"{source.name}: strided device index {index} along axis {axis}")
+            bounds.append((start, stop))
+        key = tuple(bounds)
+        if key not in cache:
+            out_shape = tuple(b - a for a, b in bounds)
+            read = list(bounds)
+            if source.vocab_axis is not None:
+                a, b = read[source.vocab_axis]
+                read[source.vocab_axis] = (a, max(a, min(b, source.pretrained_rows)))
+            read_shape = tuple(b - a for a, b in read)
+            if 0 in read_shape:
+                block = np.zeros(out_shape, dtype)
+            else:
+                block = _read_block(ckpt, source, read)
+                if source.scale != 1.0:
+                    block = block.astype(np.float32) * np.float32(source.scale)
+                block = np.ascontiguousarray(block, dtype=dtype)
+                if read_shape != out_shape:  # Rows beyond the pretrained vocabulary: filled from fresh_params.
+                    padded = np.zeros(out_shape, dtype)
+                    padded[tuple(slice(0, n) for n in read_shape)] = block
+                    block = padded
+            cache[key] = block
+        return cache[key]
+
+    return host_slice
+
+
+def _is_box(x: Any) -> bool:
+    return isinstance(x, nn.meta.AxisMetadata)
+
+
+def _unbox(tree: Any) -> Any:
+    return jax.tree.map(lambda x: x.value if _is_box(x) else x, tree, is_leaf=_is_box)
+
+
+def _path_str(path: Sequence[Any]) -> str:
+    parts = []
+    for key in path:
+        for attr in ("key", "name", "idx"):
+            if hasattr(key, attr):
+                parts.append(str(getattr(key, attr)))
+                break
+        else:
+            parts.append(str(key))
+    return "/".join(parts)
+
+
+def _fresh_value(path: str, fresh: Any, sharding: Sharding) -> jax.Array:
+    if isinstance(fresh, jax.ShapeDtypeStruct):
+        raise ValueError(f"params[{path!r}] has no pretrained value and fresh_params holds only its shape; pass "
+                         f"initialised fresh_params (e.g. Trainer.init_state(rng).params)")
+    return jax.device_put(fresh, sharding)
+
+
+def _with_fresh_rows(path: str, copied: jax.Array, fresh: Any, source: TensorSource, sharding: Sharding
+                     ) -> jax.Array:
+    """Pretrained rows from `copied`, rows at and beyond `source.pretrained_rows` from `fresh`, on `sharding`."""
+    fresh = _fresh_value(path, fresh, sharding)
+    axis, rows = source.vocab_axis, source.pretrained_rows
+
+    def mix(pretrained, initial):
+        keep = jax.lax.broadcasted_iota(jnp.int32, pretrained.shape, axis) < rows
+        return jnp.where(keep, pretrained, initial.astype(pretrained.dtype))
+
+    return jax.jit(mix, out_shardings=sharding)(copied, fresh)
+
+
+def load_pretrained_params(*, checkpoint_dir: PathLike, config: network.T5Config, fresh_params: Any,
+                           shardings: Any, fresh_patterns: Sequence[str] = ()) -> Any:
+    """Our parameter tree filled from a Hugging Face T5 checkpoint, each leaf on its `shardings` entry.
+
+    checkpoint_dir: `config.json` + `model.safetensors`, or `model.safetensors.index.json` + its shards.
+    config: our network's config; its dimensions must equal config.json's (each difference is reported).
+    fresh_params: the model's initialised params (boxed or not), with the structure of the result; the source of
+      vocabulary rows beyond the checkpoint's, of a separate output layer (atomic docid head) and of parameters
+      matched by `fresh_patterns`. Leaves that are fully pretrained may be `jax.ShapeDtypeStruct`s (e.g.
+      `Trainer.abstract_state.params`), which avoids holding a second copy of a large model on the devices.
+    shardings: `NamedSharding` per leaf (e.g. `Trainer.state_shardings.params` or `partitioning.logical_shardings`
+      of the boxed abstract params).
+    fresh_patterns: regular expressions (full match) over '/'-joined parameter paths to take from `fresh_params`
+      instead of the checkpoint, besides `NEW_HEAD_PATTERNS`. A parameter neither mapped nor matched is an error.
+    """
+    hf = read_hf_config(checkpoint_dir)
+    check_config(hf=hf, config=config)
+    sources = hf_tensor_sources(hf=hf, config=config)
+    patterns = [re.compile(p) for p in NEW_HEAD_PATTERNS + tuple(fresh_patterns)]
+
+    params = _unbox(fresh_params)
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
+    sharding_leaves, sharding_treedef = jax.tree_util.tree_flatten(
+        shardings, is_leaf=lambda x: isinstance(x, Sharding))
+    if sharding_treedef != treedef:
+        raise ValueError(f"shardings do not have the structure of fresh_params:\n{sharding_treedef}\nvs\n{treedef}")
+    paths = [_path_str(p) for p, _ in leaves]
+    plan: dict[str, Optional[TensorSource]] = {}  # None: fresh
+    unknown = []
+    for path, (_, leaf) in zip(paths, leaves):
+        if any(p.fullmatch(path) for p in patterns):
+            plan[path] = None
+        elif path == "logits_dense" and path not in sources:
+            plan[path] = None  # A separate output vocabulary (atomic docids): nothing pretrained to copy.
+        elif path in sources:
+            plan[path] = sources[path]
+            if tuple(leaf.shape) != sources[path].shape:
+                raise ValueError(f"params[{path!r}] has shape {tuple(leaf.shape)} but {hf.path} implies "
+                                 f"{sources[path].shape} (from {sources[path].name!r})")
+        else:
+            unknown.append(path)
+    if unknown:
+        raise ValueError(f"{len(unknown)} parameter(s) have no tensor in a T5 checkpoint: {unknown[:8]}"
+                         f"{' ...' if len(unknown) > 8 else ''}; initialise them fresh with fresh_patterns "
+                         f"(regular expressions over these paths)")
+    our_paths = set(paths)
+    # The output layer may be replaced by another head (e.g. PAWA); every other tensor must have its parameter.
+    orphaned = sorted(p for p in sources if p not in our_paths and p != "logits_dense")
+    if orphaned:
+        raise ValueError(f"the checkpoint's {sources[orphaned[0]].name!r} maps to params[{orphaned[0]!r}], which "
+                         f"the model does not have ({len(orphaned)} such): the network's parameter names differ "
+                         f"from the standard T5.1.1 ones")
+
+    with SafetensorsCheckpoint(checkpoint_dir) as ckpt:
+        names = ckpt.names
+        # The tied embedding may have been saved under one of its other names only (safetensors keeps one).
+        tied_names = [n for n in (_SHARED,) + _TIED_COPIES + ((_LM_HEAD,) if hf.tie_word_embeddings else ())
+                      if n in names]
+        embedding = tied_names[0] if tied_names and tied_names[0] != _LM_HEAD else _SHARED
+        plan = {p: (dataclasses.replace(s, name=embedding) if s is not None and s.name == _SHARED else s)
+                for p, s in plan.items()}
+        needed = {s.name: path for path, s in plan.items() if s is not None}
+        _check_tensors(ckpt, hf, needed, _expected_tensors(hf))
+        if embedding in names:
+            _check_tied_copies(ckpt, embedding=embedding, copies=[n for n in tied_names if n != embedding])
+
+        out = []
+        counts = {"pretrained": 0, "fresh": 0, "mixed": 0}
+        for path, (_, leaf), sharding in zip(paths, leaves, sharding_leaves):
+            source = plan[path]
+            if source is None:
+                out.append(_fresh_value(path, leaf, sharding))
+                counts["fresh"] += 1
+                continue
+            dtype = np.dtype(leaf.dtype)
+            value = jax.make_array_from_callback(source.shape, sharding, _host_slice_fn(ckpt, source, dtype),
+                                                 dtype=dtype)
+            if source.vocab_axis is not None and source.shape[source.vocab_axis] > source.pretrained_rows:
+                value = _with_fresh_rows(path, value, leaf, source, sharding)
+                counts["mixed"] += 1
+            else:
+                counts["pretrained"] += 1
+            out.append(value)
+    used = {s.name for s in plan.values() if s is not None}
+    unused = sorted(n for n in names if n not in used and n not in tied_names)
+    logger.info("loaded %s: %d parameters pretrained, %d with fresh vocabulary rows beyond %d, %d fresh (%s); "
+                "unused tensors: %s", checkpoint_dir, counts["pretrained"], counts["mixed"], hf.vocab_size,
+                counts["fresh"], [p for p in paths if plan[p] is None], unused)
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
+# ----------------------------------------------------------------------------------------------
+# Training hook
+# ----------------------------------------------------------------------------------------------
+
+
+def initialize_from_pretrained(*, state: "TrainState", trainer: "Trainer", checkpoint_dir: PathLike,
+                               fresh_patterns: Sequence[str] = ()) -> "TrainState":
+    """A freshly initialised train state with its params replaced by the checkpoint's (on the trainer's shardings).
+
+    Call once, before step 0, when there is no checkpoint of the run to resume from. The optimizer state is kept:
+    Adafactor's and Adam's initial statistics do not depend on the parameter values.
+    """
+    params = load_pretrained_params(checkpoint_dir=checkpoint_dir, config=trainer.model.config,
+                                    fresh_params=state.params, shardings=trainer.state_shardings.params,
+                                    fresh_patterns=fresh_patterns)
+    return state.replace(params=params)
