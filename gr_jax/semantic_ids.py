@@ -1,0 +1,600 @@
+"""Semantic, 2D semantic and atomic docids: hierarchical k-means ids (DSI, NCI) and one-token-per-document ids.
+
+**Semantic ids** (DSI, Tay et al. 2022; NCI, Wang et al. 2022): documents are embedded, clustered into k
+groups by k-means, and every group with more than c documents is clustered again, recursively; a
+document's id is the path of cluster digits from the root to its leaf, then its position in the leaf:
+
+    path (3, 0, 7), leaf position 42   ->   semantic id 3-0-7-42
+
+Documents with similar embeddings share id prefixes, which is what lets a seq2seq model generalise from
+indexed documents to their neighbours. The recursion is iterative (an explicit stack of index arrays),
+every split is one faiss k-means (seeded, deterministic), and a cluster with more than `sample_above`
+documents (1M) has its centroids fit on a `sample_size` (100k) sample before all its documents are
+assigned. Memory is the embedding matrix (an array or a memory-mapped .npy) plus a float32 copy of the
+cluster being split (the root is fit on a sample above 1M, and used in place below when it is an
+in-memory float32 matrix), plus a few int32 per document.
+k-means cannot split identical vectors (all of them land in one cluster): such a cluster is split by
+position (k equal runs in document order), so every id is unique and the recursion always ends.
+
+**Token spaces.** The same semantic id becomes target tokens in two ways:
+
+* `semantic_docid_table`: through the vocabulary's digit pieces "0".."9" (every level written with
+  `len(str(k - 1))` digits, the leaf position with `len(str(c - 1))`: 3-0-7-42 -> "3 0 7 4 2"), so a T5
+  vocabulary and its output layer are reused unchanged. The fixed widths make the digit string decodable.
+* `semantic_2d_docid_table` (NCI's "2D code"): value v at position p is the new token
+  `vocab_size + p * base + v` with `base = max(k, c)`, so the same digit at different depths is a
+  different token; the model's embedding/output grow by `num_extra_tokens = (max_depth + 1) * base`.
+
+**Atomic ids** (DSI): one new token per document, `vocab_size + row`, then EOS (see `atomic_docid_table`).
+
+All schemes return `gr_jax.docids.DocidTable`s (EOS appended, collisions refused), so the decoding trie,
+training targets and evaluation work unchanged.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import pathlib
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+import tqdm
+
+from gr_jax.docids import DocidTable, first_collision
+from gr_jax.vocabulary import EOS_ID, PAD_ID, UNK_ID
+
+if TYPE_CHECKING:
+    import seqio
+    import sentencepiece
+
+    from gr_jax.data.readers import RetrievalDataset
+    from gr_jax.encoders import Encoder
+
+logger = logging.getLogger(__name__)
+
+PathLike = str | os.PathLike
+Scheme = Literal["semantic", "semantic2d", "atomic"]
+SCHEMES: tuple[Scheme, ...] = ("semantic", "semantic2d", "atomic")
+
+DIGITS = "0123456789"
+# Rows gathered / assigned / checked at a time: bounds temporaries to ~100 MB for 384-dim float32 vectors.
+_CHUNK = 65_536
+_NO_DIGIT = -1
+
+
+@dataclasses.dataclass(frozen=True)
+class SemanticIdStats:
+    """Balance diagnostics of a semantic id tree (printed as JSON by `tools.semantic_ids`).
+
+    depth_histogram: number of cluster levels -> number of documents at that depth.
+    position_splits: clusters k-means could not separate (identical vectors), split by position instead.
+    sampled_fits: clusters whose centroids were fit on a sample (more than `sample_above` documents).
+    collisions: documents whose id equals another's; always 0 (checked), reported for the record.
+    """
+
+    num_documents: int
+    num_leaves: int
+    num_internal_nodes: int
+    largest_leaf: int
+    max_depth: int
+    depth_histogram: dict[int, int]
+    position_splits: int
+    sampled_fits: int
+    collisions: int
+
+    def to_json(self) -> dict:
+        return {**dataclasses.asdict(self), "depth_histogram": {str(d): n for d, n in self.depth_histogram.items()}}
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class SemanticIds:
+    """Each document's semantic id as arrays (row i: document i of the embedding matrix).
+
+    path: int32[N, max_depth]: the cluster digit (0..k-1) at each level, -1 past the document's depth.
+    depth: int32[N]: number of cluster levels (0 when the whole collection fits in one leaf).
+    leaf_position: int32[N]: position (0..c-1) in its leaf, in document order.
+    """
+
+    path: np.ndarray
+    depth: np.ndarray
+    leaf_position: np.ndarray
+    k: int
+    c: int
+    stats: SemanticIdStats
+
+    def __len__(self) -> int:
+        return self.depth.shape[0]
+
+    @classmethod
+    def from_ids(cls, ids: Sequence[Sequence[int]], *, k: int, c: int) -> SemanticIds:
+        """Semantic ids given as sequences `(digit_1, ..., digit_m, leaf_position)`, e.g. read from a file.
+
+        For ids made elsewhere (NCI's released ids, test fixtures); the digits must be in [0, k), the leaf
+        positions in [0, c), and no two ids equal. Stats count each distinct path as one leaf.
+        """
+        if k < 2 or c < 1:
+            raise ValueError(f"need k >= 2 and c >= 1, got k={k}, c={c}")
+        if not len(ids):
+            raise ValueError("no semantic ids")
+        lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        if (lengths < 1).any():
+            raise ValueError(f"semantic id {int(np.argmax(lengths < 1))} is empty (it needs at least a leaf position)")
+        max_depth = int(lengths.max()) - 1
+        path = np.full((len(ids), max_depth), _NO_DIGIT, np.int32)
+        leaf_position = np.empty(len(ids), np.int32)
+        for row, sequence in enumerate(ids):
+            *digits, leaf = sequence
+            path[row, :len(digits)] = digits
+            leaf_position[row] = leaf
+        depth = (lengths - 1).astype(np.int32)
+        inside = np.arange(max_depth)[None, :] < depth[:, None]
+        bad_digit = (inside & ((path < 0) | (path >= k))).any(axis=1) | (leaf_position < 0) | (leaf_position >= c)
+        if bad_digit.any():
+            row = int(np.argmax(bad_digit))
+            raise ValueError(f"semantic id {row} {tuple(ids[row])}: cluster digits must be in [0, {k}) and the leaf "
+                             f"position in [0, {c})")
+        collision = first_collision(_codes(path=path, depth=depth, leaf_position=leaf_position))
+        if collision is not None:
+            raise ValueError(f"semantic ids {collision[0]} and {collision[1]} are equal: {tuple(ids[collision[0]])}")
+        stats = _tree_stats(path=path, depth=depth, position_splits=0, sampled_fits=0)
+        return cls(path=path, depth=depth, leaf_position=leaf_position, k=k, c=c, stats=stats)
+
+    @property
+    def max_depth(self) -> int:
+        return self.path.shape[1]
+
+    def id_of(self, row: int) -> tuple[int, ...]:
+        """Document `row`'s id: its cluster digits, then its leaf position."""
+        return (*self.path[row, :self.depth[row]].tolist(), int(self.leaf_position[row]))
+
+    def codes(self) -> np.ndarray:
+        """int32[N, max_depth + 1]: each id (digits, then leaf position) left-aligned, -1 after it."""
+        return _codes(path=self.path, depth=self.depth, leaf_position=self.leaf_position)
+
+
+def _codes(*, path: np.ndarray, depth: np.ndarray, leaf_position: np.ndarray) -> np.ndarray:
+    codes = np.concatenate([path, np.full((depth.shape[0], 1), _NO_DIGIT, np.int32)], axis=1)
+    codes[np.arange(depth.shape[0]), depth] = leaf_position
+    return codes
+
+
+def _unique_rows(rows: np.ndarray) -> tuple[int, int]:
+    """(number of distinct rows, size of the most frequent one) of an int32 matrix with >= 1 row."""
+    if rows.shape[1] == 0:
+        return 1, rows.shape[0]
+    _, counts = np.unique(rows, axis=0, return_counts=True)
+    return counts.size, int(counts.max())
+
+
+def _tree_stats(*, path: np.ndarray, depth: np.ndarray, position_splits: int, sampled_fits: int) -> SemanticIdStats:
+    """Diagnostics from the ids alone: a leaf is a distinct path, an internal node a distinct proper prefix."""
+    num_leaves, largest_leaf = _unique_rows(path)  # path is -1 past each depth, so a path row is its leaf
+    num_internal = sum(_unique_rows(path[depth > level, :level])[0] for level in range(path.shape[1])
+                       if (depth > level).any())
+    histogram = np.bincount(depth)
+    return SemanticIdStats(
+        num_documents=int(depth.shape[0]), num_leaves=num_leaves, num_internal_nodes=num_internal,
+        largest_leaf=largest_leaf, max_depth=path.shape[1],
+        depth_histogram={d: int(count) for d, count in enumerate(histogram) if count},
+        position_splits=position_splits, sampled_fits=sampled_fits, collisions=0)
+
+
+def _node_seed(seed: int, path: tuple[int, ...]) -> np.random.SeedSequence:
+    """A seed per cluster from its path, so each split is reproducible whatever order the tree is built in."""
+    return np.random.SeedSequence([seed, len(path), *path])
+
+
+def _rows(embeddings: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """float32[len(rows), dim], C-contiguous (what faiss takes), for ascending unique `rows`.
+
+    All rows of an in-memory float32 matrix (the root of a collection below `sample_above`) are used in
+    place: no copy of the whole matrix.
+    """
+    everything = rows.size == embeddings.shape[0] and rows[0] == 0 and rows[-1] == rows.size - 1
+    if (everything and type(embeddings) is np.ndarray and embeddings.dtype == np.float32
+            and embeddings.flags.c_contiguous):
+        return embeddings
+    return np.ascontiguousarray(embeddings[rows], dtype=np.float32)
+
+
+def _position_split(size: int, k: int) -> np.ndarray:
+    """int32[size]: k equal runs in document order (each run strictly smaller than `size` when size > 1)."""
+    return (np.arange(size, dtype=np.int64) * k // size).astype(np.int32)
+
+
+def _import_faiss():
+    """faiss, imported on first use, with its OpenMP threads sleeping rather than spinning when idle.
+
+    faiss bundles its own libgomp, which reads OMP_WAIT_POLICY when faiss is first imported. Thousands of
+    small k-means runs with the default (spinning) policy are 5x slower as soon as anything else runs on
+    the cores (measured on a shared 2-core host); a caller's own setting is kept.
+    """
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    import faiss
+
+    return faiss
+
+
+def _kmeans_labels(embeddings: np.ndarray, members: np.ndarray, *, k: int, seed: np.random.SeedSequence, niter: int,
+                   nredo: int, sample_above: int, sample_size: int) -> tuple[np.ndarray, bool]:
+    """(int32[len(members)] cluster of each member, whether the centroids were fit on a sample)."""
+    faiss = _import_faiss()
+
+    sampled = members.size > sample_above
+    if sampled:
+        rng = np.random.default_rng(seed)
+        fit_rows = members[np.sort(rng.choice(members.size, size=sample_size, replace=False))]
+    else:
+        fit_rows = members
+    fit = _rows(embeddings, fit_rows)
+    kmeans = faiss.Kmeans(
+        fit.shape[1], k, niter=niter, nredo=nredo, seed=int(seed.generate_state(1)[0] & 0x7FFFFFFF),
+        init_method=faiss.ClusteringInitMethod_KMEANS_PLUS_PLUS,
+        max_points_per_centroid=1 << 24,  # faiss would otherwise subsample to 256 points per centroid
+        min_points_per_centroid=1,  # small clusters are expected near the leaves: no warning
+        verbose=False)
+    kmeans.train(fit)
+    del fit
+    index = faiss.IndexFlatL2(kmeans.d)
+    index.add(kmeans.centroids)
+    labels = np.empty(members.size, np.int32)
+    for start in range(0, members.size, _CHUNK):
+        _, assigned = index.search(_rows(embeddings, members[start:start + _CHUNK]), 1)
+        labels[start:start + _CHUNK] = assigned[:, 0]
+    return labels, sampled
+
+
+def _check_embeddings(embeddings: np.ndarray) -> None:
+    if embeddings.ndim != 2 or embeddings.shape[0] < 1 or embeddings.shape[1] < 1:
+        raise ValueError(f"embeddings must be a non-empty matrix [num_documents, dim], got shape "
+                         f"{list(embeddings.shape)}")
+    if not np.issubdtype(embeddings.dtype, np.floating):
+        raise ValueError(f"embeddings must be floating point, got {embeddings.dtype}")
+    for start in range(0, embeddings.shape[0], _CHUNK):
+        finite = np.isfinite(embeddings[start:start + _CHUNK]).all(axis=1)
+        if not finite.all():
+            row = start + int(np.argmin(finite))
+            raise ValueError(f"embedding row {row} has a NaN or infinite value (k-means would put it anywhere)")
+
+
+def build_semantic_ids(
+    *,
+    embeddings: np.ndarray,
+    k: int = 10,
+    c: int = 100,
+    seed: int = 0,
+    niter: int = 20,
+    nredo: int = 1,
+    sample_above: int = 1_000_000,
+    sample_size: int = 100_000,
+    show_progress: bool = False,
+) -> SemanticIds:
+    """Hierarchical k-means ids of the rows of `embeddings` (see the module docstring).
+
+    embeddings: float[N, dim], an array or a read-only `np.memmap` (only clusters being split are copied).
+    k: clusters per level (>= 2); c: most documents per leaf (>= 1).
+    niter: Lloyd iterations per split (k-means++ initialisation).
+    nredo: k-means runs per split (different initialisations), the lowest-error one kept: k-means++ can
+      start two centroids in one true cluster and merge two others (about 1 run in 10 for 3 well-separated
+      groups); each extra run costs as much as the first.
+    sample_above / sample_size: a cluster of more than `sample_above` documents is fit on `sample_size`
+      of them (uniformly, seeded), then all are assigned to the nearest centroid.
+    Deterministic for a given `seed` (each cluster's seed derives from `seed` and its path).
+    """
+    if k < 2:
+        raise ValueError(f"k (clusters per level) must be >= 2, got {k}")
+    if c < 1:
+        raise ValueError(f"c (documents per leaf) must be >= 1, got {c}")
+    if niter < 1 or nredo < 1:
+        raise ValueError(f"niter and nredo must be >= 1, got niter={niter}, nredo={nredo}")
+    if not k <= sample_size <= sample_above:
+        raise ValueError(f"need k <= sample_size <= sample_above, got k={k}, sample_size={sample_size}, "
+                         f"sample_above={sample_above}")
+    _check_embeddings(embeddings)
+    n = embeddings.shape[0]
+    path = np.full((n, 8), _NO_DIGIT, np.int32)
+    depth = np.zeros(n, np.int32)
+    leaf_position = np.zeros(n, np.int32)
+    num_leaves = num_internal = largest_leaf = position_splits = sampled_fits = max_depth = 0
+    stack: list[tuple[np.ndarray, tuple[int, ...]]] = [(np.arange(n, dtype=np.int64), ())]
+    with tqdm.tqdm(total=n, desc="semantic ids", unit="doc", disable=not show_progress, leave=False) as bar:
+        while stack:
+            members, node = stack.pop()
+            level = len(node)
+            if members.size <= c:
+                depth[members] = level
+                leaf_position[members] = np.arange(members.size, dtype=np.int32)
+                num_leaves += 1
+                largest_leaf = max(largest_leaf, members.size)
+                max_depth = max(max_depth, level)
+                bar.update(members.size)
+                continue
+            num_internal += 1
+            if members.size <= k:  # more than c but too few to fit k centroids: one document per cluster
+                labels, sampled = _position_split(members.size, k), False
+            else:
+                labels, sampled = _kmeans_labels(embeddings, members, k=k, seed=_node_seed(seed, node), niter=niter,
+                                                 nredo=nredo, sample_above=sample_above, sample_size=sample_size)
+            counts = np.bincount(labels, minlength=k)
+            if np.count_nonzero(counts) < 2:  # k-means put everything in one cluster (identical vectors)
+                labels = _position_split(members.size, k)
+                counts = np.bincount(labels, minlength=k)
+                position_splits += 1
+            sampled_fits += sampled
+            if level >= path.shape[1]:
+                path = np.concatenate([path, np.full_like(path, _NO_DIGIT)], axis=1)
+            path[members, level] = labels
+            children = np.split(members[np.argsort(labels, kind="stable")], np.cumsum(counts)[:-1])
+            for digit in reversed(range(k)):  # digit 0's subtree is built first
+                if children[digit].size:
+                    stack.append((children[digit], (*node, digit)))
+    path = path[:, :max_depth].copy()
+    collision = first_collision(_codes(path=path, depth=depth, leaf_position=leaf_position))
+    if collision is not None:  # a bug, not bad input: every leaf numbers its own documents 0..size-1
+        raise AssertionError(f"documents {collision[0]} and {collision[1]} got the same semantic id")
+    histogram = np.bincount(depth)
+    stats = SemanticIdStats(
+        num_documents=n, num_leaves=num_leaves, num_internal_nodes=num_internal, largest_leaf=largest_leaf,
+        max_depth=max_depth, depth_histogram={d: int(count) for d, count in enumerate(histogram) if count},
+        position_splits=position_splits, sampled_fits=sampled_fits, collisions=0)
+    return SemanticIds(path=path, depth=depth, leaf_position=leaf_position, k=k, c=c, stats=stats)
+
+
+def digit_token_ids(vocabulary: seqio.SentencePieceVocabulary | sentencepiece.SentencePieceProcessor) -> list[int]:
+    """The ids of the pieces "0".."9" (no word-boundary marker) in a SentencePiece vocabulary.
+
+    `gr_jax.vocabulary.train_sentencepiece` always has them (digits are required and split one per piece).
+    """
+    processor = getattr(vocabulary, "tokenizer", vocabulary)
+    ids = [processor.piece_to_id(digit) for digit in DIGITS]
+    missing = [digit for digit, i in zip(DIGITS, ids) if i in (UNK_ID, PAD_ID, EOS_ID) or processor.is_unknown(i)]
+    if missing:
+        raise ValueError(f"the vocabulary has no piece for digit(s) {missing}; semantic docids need the ten digit "
+                         "pieces (train it with `python -m tools.make_vocab`)")
+    return ids
+
+
+def _check_docids(docids: Sequence[str], n: int) -> tuple[str, ...]:
+    docids = tuple(docids)
+    if len(docids) != n:
+        raise ValueError(f"{len(docids)} docids for {n} semantic ids")
+    return docids
+
+
+def _digits_of(values: np.ndarray, width: int) -> list[np.ndarray]:
+    """The `width` decimal digits of each value, most significant first."""
+    return [(values // 10 ** (width - 1 - j)) % 10 for j in range(width)]
+
+
+def semantic_docid_table(*, docids: Sequence[str], ids: SemanticIds, digit_tokens: Sequence[int]) -> DocidTable:
+    """Semantic ids as the vocabulary's digit tokens (fixed-width fields: see the module docstring), then EOS.
+
+    docids: row i names document i of `ids`; digit_tokens: the token id of "0".."9" (`digit_token_ids`).
+    tokens: int32[N, max_depth * len(str(k - 1)) + len(str(c - 1)) + 1].
+    """
+    docids = _check_docids(docids, len(ids))
+    digit_tokens = np.asarray(digit_tokens, dtype=np.int64)
+    if (digit_tokens.shape != (10,) or len(set(digit_tokens.tolist())) != 10
+            or np.isin(digit_tokens, (PAD_ID, EOS_ID)).any() or (digit_tokens < 0).any()):
+        raise ValueError(f"digit_tokens must be 10 distinct token ids other than PAD/EOS, got {digit_tokens.tolist()}")
+    level_width, leaf_width = len(str(ids.k - 1)), len(str(ids.c - 1))
+    n = len(ids)
+    tokens = np.full((n, ids.max_depth * level_width + leaf_width + 1), PAD_ID, np.int32)
+    for level in range(ids.max_depth):
+        rows = np.flatnonzero(ids.depth > level)
+        for j, digit in enumerate(_digits_of(ids.path[rows, level], level_width)):
+            tokens[rows, level * level_width + j] = digit_tokens[digit]
+    all_rows = np.arange(n)
+    leaf_start = ids.depth.astype(np.int64) * level_width
+    for j, digit in enumerate(_digits_of(ids.leaf_position, leaf_width)):
+        tokens[all_rows, leaf_start + j] = digit_tokens[digit]
+    tokens[all_rows, leaf_start + leaf_width] = EOS_ID
+    return DocidTable(docids=docids, tokens=tokens)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExtendedDocidTable:
+    """A docid table whose content tokens are new ids appended after a vocabulary of `vocab_size` ids.
+
+    The model's embedding and output layers need `output_vocab_size = vocab_size + num_extra_tokens` rows;
+    docid tokens lie in [vocab_size, output_vocab_size) (EOS stays the vocabulary's).
+    """
+
+    table: DocidTable
+    vocab_size: int
+    num_extra_tokens: int
+
+    @property
+    def output_vocab_size(self) -> int:
+        return self.vocab_size + self.num_extra_tokens
+
+
+def _check_vocab_size(vocab_size: int, num_extra_tokens: int) -> None:
+    if vocab_size <= max(PAD_ID, EOS_ID):
+        raise ValueError(f"vocab_size must be > {max(PAD_ID, EOS_ID)} (PAD and EOS are vocabulary ids), got "
+                         f"{vocab_size}")
+    if vocab_size + num_extra_tokens > np.iinfo(np.int32).max:
+        raise ValueError(f"vocab_size {vocab_size} + {num_extra_tokens} docid tokens does not fit in int32")
+
+
+def semantic_2d_docid_table(*, docids: Sequence[str], ids: SemanticIds, vocab_size: int) -> ExtendedDocidTable:
+    """NCI's 2D semantic docids: value v at position p is token `vocab_size + p * base + v`, base = max(k, c).
+
+    Position p < depth holds the level-p cluster digit, position `depth` the leaf position; then EOS.
+    tokens: int32[N, max_depth + 2]; num_extra_tokens = (max_depth + 1) * base.
+    """
+    docids = _check_docids(docids, len(ids))
+    base = max(ids.k, ids.c)
+    num_extra_tokens = (ids.max_depth + 1) * base
+    _check_vocab_size(vocab_size, num_extra_tokens)
+    codes = ids.codes().astype(np.int64)
+    positions = np.arange(codes.shape[1], dtype=np.int64)
+    tokens = np.where(codes >= 0, vocab_size + positions * base + codes, PAD_ID)
+    tokens = np.concatenate([tokens, np.full((len(ids), 1), PAD_ID, np.int64)], axis=1)
+    tokens[np.arange(len(ids)), ids.depth + 1] = EOS_ID
+    return ExtendedDocidTable(table=DocidTable(docids=docids, tokens=tokens.astype(np.int32)), vocab_size=vocab_size,
+                              num_extra_tokens=num_extra_tokens)
+
+
+def atomic_docid_table(*, docids: Iterable[str], vocab_size: int) -> ExtendedDocidTable:
+    """Atomic docids (DSI): document i (in `docids` order) is the single new token `vocab_size + i`, then EOS.
+
+    Rows are `[vocab_size + i, EOS]`: the EOS keeps the `DocidTable` contract, so the trie, beam search
+    and training targets work unchanged (the second step is forced). A model with a docid head decodes
+    one step instead and ranks documents by `logits[..., vocab_size:vocab_size + N]` (row i = document i);
+    `num_extra_tokens = N`.
+    """
+    docids = tuple(docids)
+    _check_vocab_size(vocab_size, len(docids))
+    tokens = np.empty((len(docids), 2), np.int32)
+    tokens[:, 0] = vocab_size + np.arange(len(docids), dtype=np.int64)
+    tokens[:, 1] = EOS_ID
+    return ExtendedDocidTable(table=DocidTable(docids=docids, tokens=tokens), vocab_size=vocab_size,
+                              num_extra_tokens=len(docids))
+
+
+def output_vocab_size(table: DocidTable, *, vocab_size: int) -> int:
+    """Embedding/output rows a model needs for `table`'s targets: the vocabulary plus any appended docid tokens.
+
+    For a table read back from its cache file (`DocidTable.load`), which does not record `num_extra_tokens`.
+    """
+    return max(vocab_size, int(table.tokens.max(initial=0)) + 1)
+
+
+def embed_texts(
+    *,
+    texts: Iterable[str],
+    encode: Encoder | Callable[[list[str]], np.ndarray],
+    num_texts: int,
+    dim: int,
+    batch_size: int = 1024,
+    out: np.ndarray | None = None,
+    show_progress: bool = False,
+) -> np.ndarray:
+    """float32[num_texts, dim]: `encode` over `texts`, streamed `batch_size` at a time into one matrix.
+
+    `out` (e.g. a `np.lib.format.open_memmap`) receives the rows instead of a new array, so the
+    collection's embeddings can exceed memory. The progress bar shows documents/s.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if out is None:
+        out = np.empty((num_texts, dim), np.float32)
+    elif out.shape != (num_texts, dim):
+        raise ValueError(f"out has shape {list(out.shape)}, expected {[num_texts, dim]}")
+    filled = 0
+    batch: list[str] = []
+
+    def flush() -> None:
+        nonlocal filled
+        vectors = np.asarray(encode(batch))
+        if vectors.shape != (len(batch), dim):
+            raise ValueError(f"encode returned shape {list(vectors.shape)} for {len(batch)} texts, expected "
+                             f"{[len(batch), dim]}")
+        out[filled:filled + len(batch)] = vectors
+        filled += len(batch)
+        bar.update(len(batch))
+        batch.clear()
+
+    with tqdm.tqdm(total=num_texts, desc="embedding", unit="doc", disable=not show_progress) as bar:
+        for text in texts:
+            if filled + len(batch) >= num_texts:
+                raise ValueError(f"more than num_texts={num_texts} texts")
+            batch.append(text)
+            if len(batch) == batch_size:
+                flush()
+        if batch:
+            flush()
+    if filled != num_texts:
+        raise ValueError(f"got {filled} texts, expected num_texts={num_texts}")
+    return out
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class CollectionEmbeddings:
+    """A collection's embeddings: docids[i] is row i of `embeddings` (float32[N, dim], often memory-mapped).
+
+    `seconds` is the embedding time (0 when `cached`, i.e. read back from the cache file).
+    """
+
+    docids: tuple[str, ...]
+    embeddings: np.ndarray
+    cached: bool
+    seconds: float
+
+    @property
+    def documents_per_s(self) -> float | None:
+        return None if self.cached else len(self.docids) / max(self.seconds, 1e-9)
+
+
+def collection_embeddings(
+    *,
+    dataset: RetrievalDataset,
+    encoder: Encoder,
+    cache_path: PathLike | None = None,
+    batch_size: int = 1024,
+    show_progress: bool = False,
+) -> CollectionEmbeddings:
+    """The embeddings of a dataset's collection, in collection order.
+
+    With `cache_path` (a `.npy`), the embeddings are written there (memory-mapped, so an 8.8M x 384
+    collection never sits in RAM) and reused while the file is newer than the collection and has one row
+    per document: embedding the collection is the costly step (hours on CPU), and builds with other
+    k / c / seed or token schemes share it. The cache is written under a temporary name and renamed when
+    complete, so an interrupted run never leaves a truncated cache. The cache is known by its path only:
+    use one path per encoder.
+    """
+    docids = tuple(docid for docid, _ in dataset.collection())
+    if not docids:
+        raise ValueError(f"{dataset.collection_path}: the collection is empty")
+    shape = (len(docids), encoder.dim)
+    if cache_path is not None:
+        cache_path = pathlib.Path(cache_path)
+        if cache_path.is_file() and cache_path.stat().st_mtime_ns >= dataset.collection_path.stat().st_mtime_ns:
+            cached = np.load(cache_path, mmap_mode="r")
+            if cached.shape == shape and cached.dtype == np.float32:
+                logger.info("embeddings of %d documents from %s (cached)", len(docids), cache_path)
+                return CollectionEmbeddings(docids=docids, embeddings=cached, cached=True, seconds=0.0)
+            logger.warning("re-embedding: %s has shape %s, expected %s", cache_path, cached.shape, shape)
+        tmp_path = cache_path.with_name(f".{cache_path.name}.tmp")
+        out = np.lib.format.open_memmap(tmp_path, mode="w+", dtype=np.float32, shape=shape)
+    else:
+        out = None
+    start = time.perf_counter()
+    embeddings = embed_texts(texts=(text for _, text in dataset.collection()), encode=encoder, num_texts=len(docids),
+                             dim=encoder.dim, batch_size=batch_size, out=out, show_progress=show_progress)
+    seconds = time.perf_counter() - start
+    logger.info("embedded %d documents in %.1f s (%.1f documents/s)", len(docids), seconds,
+                len(docids) / max(seconds, 1e-9))
+    if cache_path is not None:
+        embeddings.flush()
+        del embeddings, out
+        os.replace(tmp_path, cache_path)
+        embeddings = np.load(cache_path, mmap_mode="r")
+    return CollectionEmbeddings(docids=docids, embeddings=embeddings, cached=False, seconds=seconds)
+
+
+def scheme_docid_table(
+    *,
+    scheme: Scheme,
+    docids: Sequence[str],
+    vocabulary: seqio.SentencePieceVocabulary,
+    ids: SemanticIds | None = None,
+) -> ExtendedDocidTable:
+    """The table of `scheme` for `docids`; `ids` (row i = docids[i]) is needed by the semantic schemes.
+
+    Returned as an `ExtendedDocidTable` for all schemes (`num_extra_tokens = 0` for "semantic").
+    """
+    if scheme == "atomic":
+        return atomic_docid_table(docids=docids, vocab_size=vocabulary.vocab_size)
+    if scheme not in SCHEMES:
+        raise ValueError(f"unknown scheme {scheme!r}; known: {list(SCHEMES)}")
+    if ids is None:
+        raise ValueError(f"scheme {scheme!r} needs semantic ids")
+    if scheme == "semantic2d":
+        return semantic_2d_docid_table(docids=docids, ids=ids, vocab_size=vocabulary.vocab_size)
+    table = semantic_docid_table(docids=docids, ids=ids, digit_tokens=digit_token_ids(vocabulary))
+    return ExtendedDocidTable(table=table, vocab_size=vocabulary.vocab_size, num_extra_tokens=0)
