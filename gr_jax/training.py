@@ -45,11 +45,17 @@ class DatasetConfig:
     eval_split: str = "dev"
     input_length: int = 64
     target_length: int = 16
+    vocabulary_path: Optional[str] = None  # default {data_dir}/spm.model; a pretrained spiece.model works too
+
+    @property
+    def vocabulary_file(self) -> pathlib.Path:
+        return pathlib.Path(self.vocabulary_path or pathlib.Path(self.data_dir) / "spm.model")
 
     def register(self) -> list[str]:
         import tasks  # Registers seqio tasks; imported lazily so the library does not require the tasks package.
         return tasks.register_dataset(name=self.name, data_dir=self.data_dir, docid_scheme=self.docid_scheme,
-                                      input_length=self.input_length, target_length=self.target_length)
+                                      input_length=self.input_length, target_length=self.target_length,
+                                      vocabulary_path=self.vocabulary_path)
 
     @property
     def mixture_name(self) -> str:
@@ -95,11 +101,12 @@ class Experiment:
     z_loss: float = 1e-4
     mesh_data: int = -1
     mesh_model: int = 1
+    init_checkpoint: Optional[str] = None  # a Hugging Face T5.1.1 dir (config.json + safetensors), as the study
 
     def build(self, *, keep_checkpoints: int = 3) -> "Built":
         """Registers the tasks, loads the vocabulary, and builds model, mesh and trainer (no allocation)."""
         self.dataset.register()
-        vocabulary = load_vocabulary(pathlib.Path(self.dataset.data_dir) / "spm.model")
+        vocabulary = load_vocabulary(self.dataset.vocabulary_file)
         model = build_model(config=self.network_config, vocabulary=vocabulary, z_loss=self.z_loss)
         mesh = partitioning.make_mesh(data=self.mesh_data, model=self.mesh_model)
         trainer = Trainer(model=model, optimizer=self.optimizer_factory(learning_rate=self.learning_rate),
@@ -127,7 +134,7 @@ class Built:
         data_dir = pathlib.Path(self.experiment.dataset.data_dir)
         return tasks.docid_tables.load_or_build_docid_table(
             dataset=open_dataset(data_dir), scheme=self.experiment.dataset.docid_scheme,
-            vocabulary=self.vocabulary, vocabulary_path=data_dir / "spm.model")
+            vocabulary=self.vocabulary, vocabulary_path=self.experiment.dataset.vocabulary_file)
 
     def restore(self, step: Optional[int] = None):
         """(state, input_state) of `step` (default: latest); a clear error when there is no checkpoint."""
@@ -185,6 +192,11 @@ def train(*, experiment: Experiment, num_train_steps: int, checkpoint_every_step
         logger.info("resumed from step %d (batch %d)", latest, start_batch)
     else:
         state = trainer.init_state(jax.random.PRNGKey(seed))
+        if experiment.init_checkpoint:
+            from gr_jax import pretrained
+            state = pretrained.initialize_from_pretrained(state=state, trainer=trainer,
+                                                          checkpoint_dir=experiment.init_checkpoint)
+            logger.info("initialised from %s", experiment.init_checkpoint)
         start_batch = 0
     start_step = int(jax.device_get(state.step))
 
