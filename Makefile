@@ -14,7 +14,7 @@ export TF_CPP_MIN_LOG_LEVEL := 3
 
 venv: $(STAMP)
 
-$(STAMP): setup.py
+$(STAMP): setup.py Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
