@@ -23,6 +23,7 @@ INSTALL_REQUIRES = [
     "faiss-cpu==1.15.1",
     "safetensors==0.8.0",
     "tokenizers==0.23.3",
+    "matplotlib==3.11.2",
 ]
 TEST_REQUIRES = [
     "pytest==9.2.0",
