@@ -2,24 +2,34 @@
 
 `register_dataset(name=..., data_dir=...)` registers, for one data dir and docid scheme:
 
-* one Task per document representation in `REPRESENTATIONS`, named `{name}.{representation}.{scheme}`:
-    - `firstp`  (indexing): the first `input_length` tokens of each document (FirstP) -> its docid; split 'train'.
+* one Task per document representation in `REPRESENTATIONS`, named `{name}.{representation}.{scheme}`
+  (split 'train'; `labeled` also has 'validation'):
+    - `firstp`  (indexing): the first `input_length` tokens of each document (FirstP) -> its docid.
+    - `daq`     (indexing, Document as Query): `daq_num_chunks` windows of `input_length` tokens at seeded random
+                offsets in each document -> its docid.
+    - `d2q`     (indexing): synthetic queries of each passage (docTTTTTquery, `{data_dir}/d2q.tsv`) -> its docid;
+                registered only when that file exists.
     - `labeled` (retrieval): a training query -> a relevant docid, one example per relevant (query, document)
-      pair; split 'train'. Split 'validation': each dev query -> its first relevant docid (for an eval loss).
-* one Mixture per row in `MIXTURE_ROWS`, named `{name}.{row}.{scheme}`:
-    - `labeled_only`   (row 1a): labeled queries only, no indexing.
-    - `firstp_labeled` (row 2a, DSI): FirstP indexing + labeled queries.
-  Mixing rates default to the tasks' training example counts (one pass over each per "epoch" of the
-  mixture); `mixing_rates` overrides them per representation.
+                pair. Split 'validation': each dev query -> its first relevant docid (for an eval loss).
+* one Mixture per row of the study's tables in `MIXTURE_ROWS`, named `{name}.{row}.{scheme}`, and the same
+  Mixture again under the row's table id (`ROW_IDS`), e.g. `msmarco.2a.naive` = `msmarco.firstp_labeled.naive`:
+    - 1a `labeled_only`: labeled queries only, no indexing.
+    - 2a `firstp_labeled` (DSI), 2b `daq_labeled`: one indexing representation + labeled queries.
+    - 3a `daq_d2q_labeled`, 3b `firstp_daq_d2q_labeled`: several indexing representations + labeled queries.
+    - 6a `daq_only`, 6b `d2q_only`: indexing alone (no labeled queries).
+  A row whose representations lack a task (no D2Q file) or training examples (no training queries) is not
+  registered, and a warning says which and why. Mixing rates default to the tasks' training example counts
+  (one pass over each per "epoch" of the mixture); `mixing_rates` overrides them per representation.
 
 Adding a representation or a row is one entry in these tables; every task shares the same pipeline:
 
-    source -> tokenize_inputs -> docid_targets -> representation inputs (FirstP: trim_inputs_and_append_eos)
-           -> cache_in_memory -> seqio.CacheDatasetPlaceholder -> [stochastic representation inputs]
+    source -> [on_text] -> tokenize_inputs -> docid_targets -> [on_tokens] (FirstP: trim_inputs_and_append_eos)
+           -> cache_in_memory (if cacheable) -> seqio.CacheDatasetPlaceholder -> [after_cache] (DaQ: daq_chunks)
            -> require_feature_lengths
 
 Targets are the docid table's rows (pre-tokenized, EOS included), never re-tokenized or trimmed; the table is
-built once per data dir and scheme (cached as `{data_dir}/docids.{scheme}.tsv`) and must fit `target_length`.
+built or loaded once per data dir and scheme (`tasks.docid_tables`) and must fit `target_length`. Schemes
+whose tokens go beyond the vocabulary (semantic2d, atomic) need a larger model output: `docid_vocab_size`.
 """
 from __future__ import annotations
 
@@ -34,24 +44,53 @@ from collections.abc import Callable, Mapping, Sequence
 import seqio
 import tensorflow as tf
 
-from gr_jax.data import preprocessors
+from gr_jax.data import d2q, preprocessors
 from gr_jax.data.readers import RetrievalDataset, open_dataset
 from gr_jax.docids import DocidTable
 from gr_jax.vocabulary import MODEL_FILENAME, load_vocabulary
 from tasks import docid_tables, sources
+from tasks.options import RepresentationOptions
 
 logger = logging.getLogger(__name__)
 
+Preprocessor = Callable[..., tf.data.Dataset]
+# Given the registered options, the seqio preprocessors of one stage of a representation's pipeline.
+Stage = Callable[[RepresentationOptions], tuple[Preprocessor, ...]]
+
 # Raw example sources a representation can start from (see `tasks.sources`).
 SOURCES: dict[str, Callable[..., tuple[seqio.DataSource | None, dict[str, int]]]] = {
-    "documents": sources.documents_source,              # every document: {"docid", "inputs": text}
-    "labeled_queries": sources.labeled_queries_source,  # (query, relevant doc): {"qid", "docid", "inputs": query}
+    "documents": sources.documents_source,                  # every document: {"docid", "inputs": text}
+    "labeled_queries": sources.labeled_queries_source,      # (query, relevant doc): {"qid", "docid", "inputs"}
+    "synthetic_queries": sources.synthetic_queries_source,  # per passage: {"docid", "queries": string[n]}
 }
 
 
-def first_tokens(input_length: int) -> tuple[Callable[..., tf.data.Dataset], ...]:
+def no_steps(options: RepresentationOptions) -> tuple[Preprocessor, ...]:
+    del options
+    return ()
+
+
+def first_tokens(options: RepresentationOptions) -> tuple[Preprocessor, ...]:
     """The first `input_length - 1` tokens + EOS: FirstP on documents, a plain trim on queries."""
-    return (functools.partial(preprocessors.trim_inputs_and_append_eos, input_length=input_length),)
+    return (functools.partial(preprocessors.trim_inputs_and_append_eos, input_length=options.input_length),)
+
+
+def daq_chunks(options: RepresentationOptions) -> tuple[Preprocessor, ...]:
+    """DaQ: `daq_num_chunks` seeded random windows of `input_length - 1` tokens + EOS per document."""
+    return (functools.partial(preprocessors.daq_chunks, num_chunks=options.daq_num_chunks,
+                              input_length=options.input_length, seed=options.daq_seed),)
+
+
+def synthetic_query_selection(options: RepresentationOptions) -> tuple[Preprocessor, ...]:
+    """D2Q: the first or a seeded random `d2q_queries_per_passage` of each passage's queries, one example each."""
+    return (functools.partial(preprocessors.select_synthetic_queries,
+                              queries_per_passage=options.d2q_queries_per_passage,
+                              selection=options.d2q_selection, seed=options.d2q_seed),)
+
+
+def one_example_per_input(options: RepresentationOptions) -> int:
+    del options
+    return 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,28 +98,53 @@ class Representation:
     """One way of turning a data dir into `(inputs, docid)` examples.
 
     source: the raw examples it starts from, a key of `SOURCES`.
-    inputs: given `input_length`, the seqio preprocessors that turn the tokenized `inputs: int32[n]` into the
-      model's inputs (at most `input_length` tokens, EOS last).
-    deterministic: whether `inputs` yields the same examples every epoch; then it runs before the in-memory
-      cache. Stochastic ones (e.g. random spans) run after it and are reseeded each epoch by seqio.
+    on_text: preprocessors on the source's string examples, before tokenizing (e.g. D2Q's query selection).
+    on_tokens: preprocessors on tokenized `inputs: int32[n]` (no EOS) with their `targets`, before the cache;
+      must be the same every epoch.
+    after_cache: preprocessors run on every pass after the cache, on the repeated data: cheap expansions whose
+      output would take much more memory than their input (DaQ: the chunks of each cached document).
+    cacheable: whether `cache_in_memory` may keep this task's examples; False when they cannot fit (D2Q:
+      k synthetic queries per passage, e.g. 88M examples for MS MARCO at k=10), which are re-read each epoch.
+    examples_per_input: training examples per source example, for the default mixing rates and the shuffle
+      buffer (at most that many for D2Q: passages may have fewer queries).
+    After the last stage, `inputs` is at most `input_length` tokens, EOS last.
     """
 
     name: str
     description: str
     source: str
-    inputs: Callable[[int], tuple[Callable[..., tf.data.Dataset], ...]] = first_tokens
-    deterministic: bool = True
+    on_text: Stage = no_steps
+    on_tokens: Stage = first_tokens
+    after_cache: Stage = no_steps
+    cacheable: bool = True
+    examples_per_input: Callable[[RepresentationOptions], int] = one_example_per_input
 
 
 REPRESENTATIONS: dict[str, Representation] = {r.name: r for r in (
     Representation("firstp", "indexing: the first input_length tokens of a document -> its docid", "documents"),
+    Representation("daq", "indexing (Document as Query): random input_length-token windows of a document -> its "
+                   "docid", "documents", on_tokens=no_steps, after_cache=daq_chunks,
+                   examples_per_input=lambda options: options.daq_num_chunks),
+    Representation("d2q", "indexing: synthetic queries of a passage (doc2query) -> its docid", "synthetic_queries",
+                   on_text=synthetic_query_selection, cacheable=False,
+                   examples_per_input=lambda options: options.d2q_queries_per_passage),
     Representation("labeled", "retrieval: a labeled training query -> a relevant docid", "labeled_queries"),
 )}
 
-# Rows of the study's tables: mixture name -> the representations it mixes.
+# Rows of the study's tables (Pradeep et al. 2023, Tables 2 and 3): mixture name -> the representations it mixes.
 MIXTURE_ROWS: dict[str, tuple[str, ...]] = {
-    "labeled_only": ("labeled",),             # 1a: retrieval only
-    "firstp_labeled": ("firstp", "labeled"),  # 2a: DSI (FirstP indexing + labeled queries)
+    "labeled_only": ("labeled",),                                    # 1a: retrieval only, no indexing
+    "firstp_labeled": ("firstp", "labeled"),                         # 2a: DSI
+    "daq_labeled": ("daq", "labeled"),                               # 2b
+    "daq_d2q_labeled": ("daq", "d2q", "labeled"),                    # 3a
+    "firstp_daq_d2q_labeled": ("firstp", "daq", "d2q", "labeled"),   # 3b
+    "daq_only": ("daq",),                                            # 6a: indexing only
+    "d2q_only": ("d2q",),                                            # 6b: indexing only
+}
+# Table id -> row name; each row is registered under both names (the same Mixture, the same batches).
+ROW_IDS: dict[str, str] = {
+    "1a": "labeled_only", "2a": "firstp_labeled", "2b": "daq_labeled", "3a": "daq_d2q_labeled",
+    "3b": "firstp_daq_d2q_labeled", "6a": "daq_only", "6b": "d2q_only",
 }
 
 DEFAULT_SHUFFLE_BUFFER_SIZE = 100_000
@@ -92,7 +156,18 @@ def task_name(*, name: str, representation: str, docid_scheme: str) -> str:
 
 
 def mixture_name(*, name: str, row: str, docid_scheme: str) -> str:
+    """`{name}.{row}.{scheme}`; `row` is a row name of `MIXTURE_ROWS` or its table id in `ROW_IDS` (e.g. '2a')."""
+    row_name(row)  # Checks it.
     return f"{name}.{row}.{docid_scheme}"
+
+
+def row_name(row: str) -> str:
+    """The row name of a row name or table id ('2a' -> 'firstp_labeled')."""
+    if row in MIXTURE_ROWS:
+        return row
+    if row in ROW_IDS:
+        return ROW_IDS[row]
+    raise ValueError(f"unknown mixture row {row!r}; rows: {sorted(MIXTURE_ROWS)}, table ids: {sorted(ROW_IDS)}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,15 +176,21 @@ class _Registration:
 
     data_dir: str
     vocabulary_path: str
-    input_length: int
     target_length: int
+    options: RepresentationOptions
     mixing_rates: tuple[tuple[str, float], ...] | None
     shuffle_buffer_size: int
     cache_in_memory: bool
 
 
-# (name, docid scheme) -> registration and the provider names it added.
-_REGISTERED: dict[tuple[str, str], tuple[_Registration, tuple[str, ...]]] = {}
+@dataclasses.dataclass(frozen=True)
+class _Registered:
+    registration: _Registration
+    names: tuple[str, ...]  # The providers it added.
+    docid_vocab_size: int
+
+
+_REGISTERED: dict[tuple[str, str], _Registered] = {}  # key: (name, docid scheme)
 
 
 def register_dataset(
@@ -123,47 +204,66 @@ def register_dataset(
         mixing_rates: Mapping[str, float] | None = None,
         shuffle_buffer_size: int = DEFAULT_SHUFFLE_BUFFER_SIZE,
         cache_in_memory: bool = True,
+        daq_num_chunks: int = 10,
+        daq_seed: int = 0,
+        d2q_path: str | os.PathLike | None = None,
+        d2q_queries_per_passage: int = 10,
+        d2q_selection: str = "first",
+        d2q_seed: int = 0,
 ) -> list[str]:
     """Registers the Tasks and Mixtures of one data dir (see the module docstring); returns their names.
 
     data_dir: MS MARCO or BEIR layout (`gr_jax.data.readers`); the vocabulary defaults to `{data_dir}/spm.model`.
-    input_length: the FirstP length and the trim of every input (EOS included).
+    docid_scheme: a key of `tasks.docid_tables.DOCID_SCHEMES` (naive, atomic, semantic, semantic2d).
+    input_length: the FirstP length, the DaQ window and the trim of every input (EOS included).
     target_length: the docid length budget (EOS included); a docid that does not fit is an error.
     mixing_rates: representation -> rate for every representation a registered mixture uses;
       None mixes proportionally to training example counts.
     shuffle_buffer_size: examples per task in the training shuffle buffer (after trimming, so ~80 tokens each),
       at most one epoch of the task; the default shuffles corpora up to 100k documents completely.
-    cache_in_memory: keep each task's trimmed, tokenized examples in memory after the first epoch, so later
-      epochs skip reading, tokenizing and the docid lookup (at most input_length + target_length int32 and
-      the id strings per example: a few GB for all of MS MARCO, divided among hosts).
+    cache_in_memory: keep each task's tokenized examples in memory after the first epoch, so later epochs skip
+      reading, tokenizing and the docid lookup (at most input_length + target_length int32 and the id strings
+      per example, whole documents for DaQ: a few GB for all of MS MARCO, divided among hosts). D2Q is never
+      cached (k queries per passage would not fit); it streams its file every epoch.
+    daq_num_chunks, daq_seed: DaQ examples per document and the seed of their offsets (the same every epoch).
+    d2q_path: the synthetic-queries file (see `gr_jax.data.d2q`); default `{data_dir}/d2q.tsv`, whose absence
+      only leaves the D2Q task and its rows out (with a warning). A given path that does not exist is an error.
+    d2q_queries_per_passage: D2Q examples per passage (10 to 100 in the study; fewer if a passage has fewer).
+    d2q_selection: "first" (the first k of each passage's queries) or "random" (a random subset, seeded by
+      `d2q_seed`, the same every epoch).
 
     Registering the same name and scheme again with the same arguments re-registers (picking up changed
     files); different arguments under the same name and scheme raise ValueError. Mixture rows whose
-    representations have no training examples (e.g. a data dir without training queries) are skipped
-    with a warning and not returned.
+    representations have no task or no training examples are skipped with a warning and not returned.
     """
     if not _NAME_PATTERN.match(name):
         raise ValueError(f"dataset name {name!r} must be letters, digits and underscores (it is part of task "
                          f"names `{{name}}.{{representation}}.{{scheme}}`)")
     if docid_scheme not in docid_tables.DOCID_SCHEMES:
         raise ValueError(f"unknown docid scheme {docid_scheme!r}; known: {sorted(docid_tables.DOCID_SCHEMES)}")
-    for arg, value, smallest in (("input_length", input_length, 2), ("target_length", target_length, 2),
-                                 ("shuffle_buffer_size", shuffle_buffer_size, 1)):
+    for arg, value, smallest in (("target_length", target_length, 2), ("shuffle_buffer_size", shuffle_buffer_size, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < smallest:
             raise ValueError(f"{arg} must be an integer >= {smallest}, got {value!r}")
     data_dir = pathlib.Path(data_dir).resolve()
     vocabulary_path = pathlib.Path(vocabulary_path or data_dir / MODEL_FILENAME).resolve()
+    if d2q_path is not None and not pathlib.Path(d2q_path).is_file():
+        raise FileNotFoundError(f"d2q_path {d2q_path} does not exist (leave it unset to use {{data_dir}}/"
+                                f"{d2q.DEFAULT_FILENAME} when present)")
+    options = RepresentationOptions(
+        input_length=input_length, daq_num_chunks=daq_num_chunks, daq_seed=daq_seed,
+        d2q_path=str(pathlib.Path(d2q_path or d2q.default_path(data_dir)).resolve()),
+        d2q_queries_per_passage=d2q_queries_per_passage, d2q_selection=d2q_selection, d2q_seed=d2q_seed)
     registration = _Registration(
-        data_dir=str(data_dir), vocabulary_path=str(vocabulary_path), input_length=input_length,
-        target_length=target_length, shuffle_buffer_size=shuffle_buffer_size, cache_in_memory=bool(cache_in_memory),
+        data_dir=str(data_dir), vocabulary_path=str(vocabulary_path), target_length=target_length, options=options,
+        shuffle_buffer_size=shuffle_buffer_size, cache_in_memory=bool(cache_in_memory),
         mixing_rates=None if mixing_rates is None else tuple(sorted((k, float(v)) for k, v in mixing_rates.items())))
     previous = _REGISTERED.get((name, docid_scheme))
     if previous is not None:
-        if previous[0] != registration:
+        if previous.registration != registration:
             raise ValueError(f"dataset {name!r} (docid scheme {docid_scheme!r}) is already registered with "
-                             f"{previous[0]}; registering it with {registration} would change what its task names "
-                             f"mean. Use another name.")
-        _unregister(previous[1])
+                             f"{previous.registration}; registering it with {registration} would change what its "
+                             f"task names mean. Use another name.")
+        _unregister(previous.names)
         del _REGISTERED[(name, docid_scheme)]
 
     dataset = open_dataset(data_dir)
@@ -178,24 +278,39 @@ def register_dataset(
     try:
         train_counts = _register_tasks(
             name=name, docid_scheme=docid_scheme, dataset=dataset, table=table, vocabulary=vocabulary,
-            input_length=input_length, target_length=target_length, shuffle_buffer_size=shuffle_buffer_size,
+            options=options, target_length=target_length, shuffle_buffer_size=shuffle_buffer_size,
             cache_in_memory=cache_in_memory, added=names)
         _register_mixtures(name=name, docid_scheme=docid_scheme, train_counts=train_counts,
                            mixing_rates=mixing_rates, added=names)
     except BaseException:
         _unregister(names)
         raise
-    _REGISTERED[(name, docid_scheme)] = (registration, tuple(names))
+    _REGISTERED[(name, docid_scheme)] = _Registered(
+        registration=registration, names=tuple(names),
+        docid_vocab_size=docid_tables.output_vocab_size(table=table, vocabulary=vocabulary))
     return names
 
 
 def unregister_dataset(*, name: str, docid_scheme: str = "naive") -> list[str]:
     """Removes what `register_dataset(name=name, docid_scheme=docid_scheme, ...)` added; returns those names."""
-    registration = _REGISTERED.pop((name, docid_scheme), None)
-    if registration is None:
+    registered = _REGISTERED.pop((name, docid_scheme), None)
+    if registered is None:
         return []
-    _unregister(registration[1])
-    return list(registration[1])
+    _unregister(registered.names)
+    return list(registered.names)
+
+
+def docid_vocab_size(*, name: str, docid_scheme: str = "naive") -> int:
+    """Output vocabulary size a model needs for a registered dataset's targets (embedding / logits rows).
+
+    The SentencePiece vocabulary's size, or more for schemes whose docid tokens are appended after it
+    (semantic2d: one token per (position, value); atomic: one per document).
+    """
+    registered = _REGISTERED.get((name, docid_scheme))
+    if registered is None:
+        raise KeyError(f"dataset {name!r} with docid scheme {docid_scheme!r} is not registered "
+                       f"(registered: {sorted(_REGISTERED)}); call tasks.register_dataset first")
+    return registered.docid_vocab_size
 
 
 def _unregister(names: Sequence[str]) -> None:
@@ -211,14 +326,15 @@ def _register_tasks(
         dataset: RetrievalDataset,
         table: DocidTable,
         vocabulary: seqio.SentencePieceVocabulary,
-        input_length: int,
+        options: RepresentationOptions,
         target_length: int,
         shuffle_buffer_size: int,
         cache_in_memory: bool,
         added: list[str],
 ) -> dict[str, int]:
-    """Adds one Task per representation (appending its name to `added`); returns training example counts."""
-    built = {kind: SOURCES[kind](dataset=dataset, table=table)
+    """Adds one Task per representation that has data (appending its name to `added`); returns training
+    example counts per representation."""
+    built = {kind: SOURCES[kind](dataset=dataset, table=table, options=options)
              for kind in dict.fromkeys(r.source for r in REPRESENTATIONS.values())}
     output_features = {
         "inputs": seqio.Feature(vocabulary=vocabulary, add_eos=True),
@@ -233,30 +349,30 @@ def _register_tasks(
                            representation.name)
             continue
         provider = task_name(name=name, representation=representation.name, docid_scheme=docid_scheme)
-        inputs = representation.inputs(input_length)
-        deterministic = [preprocessors.tokenize_inputs,
-                         functools.partial(preprocessors.docid_targets, docid_table=table),
-                         *(inputs if representation.deterministic else ())]
+        train_count = counts.get(sources.TRAIN, 0) * representation.examples_per_input(options)
         seqio.TaskRegistry.add(
             provider,
             source=source,
             output_features=output_features,
             preprocessors=[
-                *deterministic,
-                *([preprocessors.cache_in_memory] if cache_in_memory else []),
+                *representation.on_text(options),
+                preprocessors.tokenize_inputs,
+                functools.partial(preprocessors.docid_targets, docid_table=table),
+                *representation.on_tokens(options),
+                *([preprocessors.cache_in_memory] if cache_in_memory and representation.cacheable else []),
                 # Everything before the placeholder is the same every epoch: seqio may also cache it offline.
                 seqio.CacheDatasetPlaceholder(),
-                *(() if representation.deterministic else inputs),
+                *representation.after_cache(options),
                 functools.partial(preprocessors.require_feature_lengths, provider_name=provider,
-                                  minimum={"inputs": input_length, "targets": target_length}),
+                                  minimum={"inputs": options.input_length, "targets": target_length}),
             ],
             # seqio repeats before shuffling: a buffer larger than one epoch would only make the first batch
             # wait for several epochs of preprocessing.
-            shuffle_buffer_size=max(1, min(shuffle_buffer_size, counts.get(sources.TRAIN, 0))),
+            shuffle_buffer_size=max(1, min(shuffle_buffer_size, train_count)),
         )
         added.append(provider)
-        train_counts[representation.name] = counts.get(sources.TRAIN, 0)
-        logger.info("registered %s: %s", provider, counts)
+        train_counts[representation.name] = train_count
+        logger.info("registered %s: %s source examples, %d training examples", provider, counts, train_count)
     return train_counts
 
 
@@ -268,12 +384,17 @@ def _register_mixtures(
         mixing_rates: Mapping[str, float] | None,
         added: list[str],
 ) -> None:
-    """Adds one Mixture per row whose representations all have training examples (names appended to `added`)."""
+    """Adds one Mixture per row whose representations all have training examples, under its row name and its
+    table id (names appended to `added`: all row names, then all table ids)."""
     rows = {}
+    table_ids = {row: table_id for table_id, row in ROW_IDS.items()}
     for row, representations in MIXTURE_ROWS.items():
-        empty = [r for r in representations if not train_counts.get(r)]
-        if empty:
-            logger.warning("skipping mixture row %r of %r: no training examples for %s", row, name, empty)
+        missing = [r for r in representations if r not in train_counts]
+        empty = [r for r in representations if r in train_counts and not train_counts[r]]
+        if missing or empty:
+            logger.warning("%s: skipping mixture row %s %r: %s", name, table_ids[row], row, "; ".join(
+                ([f"no task for {missing}"] if missing else []) + ([f"no training examples for {empty}"] if empty
+                                                                    else [])))
         else:
             rows[row] = representations
     if mixing_rates is not None:
@@ -284,10 +405,11 @@ def _register_mixtures(
         if missing or unknown or bad:
             raise ValueError(f"mixing_rates {dict(mixing_rates)} must give a positive rate to each of {sorted(used)}"
                              f" (missing: {missing}, unknown: {unknown}, not positive: {bad})")
-    for row, representations in rows.items():
-        provider = mixture_name(name=name, row=row, docid_scheme=docid_scheme)
-        seqio.MixtureRegistry.add(provider, [
-            (task_name(name=name, representation=r, docid_scheme=docid_scheme),
-             float(train_counts[r]) if mixing_rates is None else float(mixing_rates[r]))
-            for r in representations])
-        added.append(provider)
+    for alias in (False, True):
+        for row, representations in rows.items():
+            provider = mixture_name(name=name, row=table_ids[row] if alias else row, docid_scheme=docid_scheme)
+            seqio.MixtureRegistry.add(provider, [
+                (task_name(name=name, representation=r, docid_scheme=docid_scheme),
+                 float(train_counts[r]) if mixing_rates is None else float(mixing_rates[r]))
+                for r in representations])
+            added.append(provider)

@@ -1,7 +1,7 @@
-"""seqio data sources over a retrieval data dir: raw `{"docid", "inputs"[, "qid"]}` string examples.
+"""seqio data sources over a retrieval data dir: raw string examples naming a `docid`.
 
-Each builder takes `(*, dataset, table)` and returns `(seqio source or None, example count per split)`;
-`tasks/retrieval.py` lists them in `SOURCES`. Two kinds so far:
+Each builder takes `(*, dataset, table, options)` and returns `(seqio source or None, example count per split)`;
+`tasks/retrieval.py` lists them in `SOURCES`. Three kinds:
 
 * `documents_source`: every document of the collection, streamed from the reader each epoch (an 8.8M
   passage collection never sits in Python memory); example = `{"docid", "inputs": document text}`.
@@ -9,6 +9,10 @@ Each builder takes `(*, dataset, table)` and returns `(seqio source or None, exa
   Queries and qrels are small (MS MARCO: 0.5M training pairs), so the pairs are resolved once, when the
   source is built: qrels naming documents outside the collection are counted in a warning, then left out
   (they have no docid to generate), and the example counts are exact for seqio's mixing rates.
+* `synthetic_queries_source`: each passage's synthetic queries (`options.d2q_path`, see `gr_jax.data.d2q`),
+  streamed from the file every epoch: `{"docid", "queries": string[n]}` per passage with queries. Its count
+  is the number of passages of the collection, an upper bound (passages may have no queries): counting
+  exactly would mean reading the whole file (tens of GB for MS MARCO) at registration.
 
 Order is the files' order; shuffling is the Task's job (`shuffle_buffer_size`).
 """
@@ -16,13 +20,16 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import pathlib
 from collections.abc import Collection, Iterator, Mapping
 
 import seqio
 import tensorflow as tf
 
+from gr_jax.data import d2q
 from gr_jax.data.readers import RetrievalDataset
 from gr_jax.docids import DocidTable
+from tasks.options import RepresentationOptions
 
 logger = logging.getLogger(__name__)
 
@@ -41,11 +48,13 @@ def documents_source(
         *,
         dataset: RetrievalDataset,
         table: DocidTable,
+        options: RepresentationOptions,
 ) -> tuple[seqio.FunctionDataSource, dict[str, int]]:
     """Every document as `{"docid": str, "inputs": text}`; split 'train' only (indexing sees the whole corpus).
 
     Returns the source and its example count per split (the docid table's size, declared to seqio).
     """
+    del options  # Documents are documents; the representations differ in their preprocessors.
     def chunks() -> Iterator[dict[str, list[str]]]:
         docids, texts = [], []
         for docid, text in dataset.collection():
@@ -137,6 +146,7 @@ def labeled_queries_source(
         *,
         dataset: RetrievalDataset,
         table: DocidTable,
+        options: RepresentationOptions,
 ) -> tuple[seqio.FunctionDataSource | None, dict[str, int]]:
     """(query, relevant docid) examples: seqio split 'train' from the reader's 'train' split (one example per
     relevant pair) and 'validation' from its 'dev' split (first relevant document per query).
@@ -144,6 +154,7 @@ def labeled_queries_source(
     Returns the source (None when the data dir has neither split) and the number of examples per seqio split.
     Splits the data dir lacks are absent from the source.
     """
+    del options
     available = set(dataset.splits())
     reader_splits = {}
     if TRAIN in available:
@@ -171,3 +182,61 @@ def labeled_queries_source(
     counts = {split: len(pairs) for split, pairs in examples.items()}
     source = seqio.FunctionDataSource(dataset_fn, splits=tuple(examples), num_input_examples=counts)
     return source, counts
+
+
+_RAGGED_STRINGS = tf.RaggedTensorSpec(shape=(None, None), dtype=tf.string, ragged_rank=1, row_splits_dtype=tf.int64)
+
+
+def synthetic_queries_source(
+        *,
+        dataset: RetrievalDataset,
+        table: DocidTable,
+        options: RepresentationOptions,
+) -> tuple[seqio.FunctionDataSource | None, dict[str, int]]:
+    """Each passage's synthetic queries as `{"docid": str, "queries": string[n]}` (n >= 1); split 'train' only.
+
+    Returns (None, {}) with a warning when `options.d2q_path` does not exist. The file is checked while it
+    is read (a malformed line fails the pipeline with `path:line`); the per-passage layout is paired with
+    the collection's docids by streaming the collection alongside it.
+    """
+    path = pathlib.Path(options.d2q_path)
+    if not path.is_file():
+        logger.warning("%s: no synthetic-queries file %s, so no D2Q task; write docTTTTTquery's output there (one "
+                       "line of tab-separated queries per passage in collection order, or 'pid<TAB>query' lines) "
+                       "or pass d2q_path", dataset.data_dir, path)
+        return None, {}
+    logger.info("D2Q: synthetic queries from %s (%s of them per passage, selection %r)", path,
+                options.d2q_queries_per_passage, options.d2q_selection)
+
+    def chunks() -> Iterator[dict[str, object]]:
+        known = frozenset(table.docids)  # Only for the pid layout's checks; freed after the pass.
+        passages = d2q.iter_passage_queries(path, docids_in_order=(docid for docid, _ in dataset.collection()),
+                                            is_docid=known.__contains__)
+        docids: list[str] = []
+        queries: list[str] = []
+        lengths: list[int] = []
+        for docid, passage_queries in passages:
+            if not passage_queries:
+                continue
+            docids.append(docid)
+            queries.extend(passage_queries)
+            lengths.append(len(passage_queries))
+            if len(docids) == _CHUNK:
+                yield _ragged_chunk(docids, queries, lengths)
+                docids, queries, lengths = [], [], []
+        if docids:
+            yield _ragged_chunk(docids, queries, lengths)
+
+    def dataset_fn(split: str, shuffle_files: bool, seed: int | None = None) -> tf.data.Dataset:
+        del split, shuffle_files, seed  # One split, one file read in order; the Task shuffles examples.
+        signature = {"docid": _STRINGS, "queries": _RAGGED_STRINGS}
+        return tf.data.Dataset.from_generator(chunks, output_signature=signature).unbatch()
+
+    counts = {TRAIN: len(table)}
+    return seqio.FunctionDataSource(dataset_fn, splits=(TRAIN,), num_input_examples=counts), counts
+
+
+def _ragged_chunk(docids: list[str], queries: list[str], lengths: list[int]) -> dict[str, object]:
+    return {"docid": docids,
+            "queries": tf.RaggedTensor.from_row_lengths(tf.constant(queries, tf.string),
+                                                        tf.constant(lengths, tf.int64))}

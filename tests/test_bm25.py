@@ -4,9 +4,10 @@ import math
 
 import pytest
 
+from gr_jax.data.d2q import read_d2q_file
 from gr_jax.data.readers import DataFormatError
 from gr_jax.evaluation import read_trec_run, retrieval_metrics, scored_to_ranked
-from tools.bm25 import bm25_run, main, read_d2q_file
+from tools.bm25 import bm25_run, main
 
 DOCUMENTS = [
     ("d1", "Paris is the capital and largest city of France."),

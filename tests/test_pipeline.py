@@ -25,8 +25,8 @@ from gr_jax.vocabulary import EOS_ID, train_sentencepiece
 FIXTURE_DATA = pathlib.Path(__file__).parent / "fixtures" / "tasks"
 NAME = "pipe"
 INPUT_LENGTH, TARGET_LENGTH = 12, 10
-TASKS = ("pipe.firstp.naive", "pipe.labeled.naive")
-MIXTURES = ("pipe.labeled_only.naive", "pipe.firstp_labeled.naive")
+TASKS = ("pipe.firstp.naive", "pipe.daq.naive", "pipe.d2q.naive", "pipe.labeled.naive")
+MIXTURES = ("pipe.labeled_only.naive", "pipe.firstp_labeled.naive", "pipe.firstp_daq_d2q_labeled.naive")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -60,8 +60,16 @@ def reference(data_dir) -> dict[str, set[tuple[tuple[int, ...], tuple[int, ...]]
     labeled = {example(text, docid) for qid, text in read_queries(data_dir / "queries.train.tsv")
                for docid, rel in qrels.get(qid, {}).items() if rel > 0 and docid in documents}
     firstp = {example(text, docid) for docid, text in documents.items()}
+    # DaQ: any window of INPUT_LENGTH - 1 tokens of a document (all offsets, brute force).
+    daq = {(tuple(tokens[offset:offset + INPUT_LENGTH - 1] + [EOS_ID]), tuple(sp.encode(docid) + [EOS_ID]))
+           for docid, tokens in ((docid, sp.encode(text)) for docid, text in documents.items())
+           for offset in range(max(len(tokens) - (INPUT_LENGTH - 1), 0) + 1)}
+    # D2Q: the first 10 synthetic queries of each passage (the default), from the per-passage file.
+    lines = (data_dir / "d2q.tsv").read_text().split("\n")
+    d2q = {example(query, docid) for docid, line in zip(documents, lines) if line for query in line.split("\t")[:10]}
     return {"pipe.firstp.naive": firstp, "pipe.labeled.naive": labeled, "pipe.labeled_only.naive": labeled,
-            "pipe.firstp_labeled.naive": firstp | labeled}
+            "pipe.firstp_labeled.naive": firstp | labeled, "pipe.daq.naive": daq, "pipe.d2q.naive": d2q,
+            "pipe.firstp_daq_d2q_labeled.naive": firstp | daq | d2q | labeled}
 
 
 @pytest.fixture(scope="module")
@@ -114,9 +122,14 @@ def test_train_batches_features_shapes_and_targets(name, reference, table):
             assert (inputs, target) in reference[name]
 
 
-def test_mixture_draws_from_both_tasks(reference):
+def test_mixture_draws_from_every_task(reference):
     rows = {row for batch in _train("pipe.firstp_labeled.naive", n=10) for row in _rows(batch)}
     assert rows & reference["pipe.firstp.naive"] and rows & reference["pipe.labeled.naive"]
+    rows = {row for batch in _train("pipe.firstp_daq_d2q_labeled.naive", n=40) for row in _rows(batch)}
+    assert reference["pipe.firstp.naive"] <= reference["pipe.daq.naive"]  # FirstP is DaQ's window at offset 0
+    for task in ("pipe.daq.naive", "pipe.d2q.naive", "pipe.labeled.naive"):
+        others = set().union(*(reference[t] for t in TASKS if t != task))
+        assert rows & (reference[task] - others), task
 
 
 def test_same_seed_same_batches_other_seed_other_batches():
@@ -127,7 +140,8 @@ def test_same_seed_same_batches_other_seed_other_batches():
                for a, b in zip(first, other))
 
 
-@pytest.mark.parametrize("name", ["pipe.firstp.naive", "pipe.firstp_labeled.naive"])
+@pytest.mark.parametrize("name", ["pipe.firstp.naive", "pipe.firstp_labeled.naive",
+                                  "pipe.firstp_daq_d2q_labeled.naive"])
 def test_resuming_at_start_batch_continues_the_fresh_run(name):
     fresh = _train(name, n=12, seed=3)
     _assert_same(_train(name, n=5, seed=3, start_batch=7), fresh[7:])
@@ -139,7 +153,7 @@ import hashlib, itertools, sys
 import tasks
 from gr_jax.data import pipeline
 tasks.register_dataset(name="pipe", data_dir=sys.argv[1], input_length={input_length}, target_length={target_length})
-batches = pipeline.train_batches(mixture_or_task_name="pipe.firstp_labeled.naive", batch_size=4,
+batches = pipeline.train_batches(mixture_or_task_name="pipe.firstp_daq_d2q_labeled.naive", batch_size=4,
                                  input_length={input_length}, target_length={target_length}, seed=3, start_batch=7)
 for batch in itertools.islice(batches, 5):
     print(hashlib.sha256(b"".join(batch[key].tobytes() for key in sorted(batch))).hexdigest())
@@ -147,8 +161,9 @@ for batch in itertools.islice(batches, 5):
 
 
 def test_resuming_in_a_new_process_continues_the_fresh_run(data_dir):
-    """A restart is a new process: the order must not depend on anything but the arguments."""
-    fresh = _train("pipe.firstp_labeled.naive", n=12, seed=3)
+    """A restart is a new process: the order (and the DaQ chunks and D2Q selection) must not depend on anything
+    but the arguments."""
+    fresh = _train("pipe.firstp_daq_d2q_labeled.naive", n=12, seed=3)
     code = _RESUMED_RUN.format(input_length=INPUT_LENGTH, target_length=TARGET_LENGTH)
     repo = pathlib.Path(__file__).parent.parent
     result = subprocess.run([sys.executable, "-c", code, str(data_dir)], cwd=repo, capture_output=True, text=True,
@@ -175,6 +190,16 @@ def test_hosts_get_disjoint_halves_of_the_examples(reference):
     assert per_host[0] | per_host[1] == reference["pipe.firstp.naive"]
     batch = _train("pipe.firstp.naive", n=1, batch_size=4, shard_index=1, num_shards=2)[0]
     assert batch["encoder_input_tokens"].shape == (2, INPUT_LENGTH)  # global batch 4 over 2 hosts
+
+
+def test_hosts_get_the_daq_chunks_of_disjoint_documents(reference):
+    # 10 documents x 10 chunks over 2 hosts: each host cuts the chunks of its own 5 documents.
+    per_host = [[row for batch in _train("pipe.daq.naive", n=25, batch_size=4, shard_index=i, num_shards=2)
+                 for row in _rows(batch)] for i in range(2)]
+    targets = [{target for _, target in rows} for rows in per_host]
+    assert all(len(host_targets) == 5 for host_targets in targets)
+    assert not targets[0] & targets[1]
+    assert all(set(rows) <= reference["pipe.daq.naive"] for rows in per_host)
 
 
 def test_bad_batch_or_shard_arguments_are_errors():

@@ -112,3 +112,130 @@ def test_cache_in_memory_reads_the_input_once_over_several_epochs():
     assert len(reads) == 1
     assert_dataset(ds.repeat(3), expected * 3)
     assert len(reads) == 4  # without the cache every epoch reads again
+
+
+# --- DaQ: random windows of each document ---------------------------------------------------------------------
+
+PASS_THROUGH = seqio.PassThroughVocabulary(size=1000, eos_id=EOS_ID)
+FEATURES = {"inputs": seqio.Feature(PASS_THROUGH, add_eos=True), "targets": seqio.Feature(PASS_THROUGH, add_eos=False)}
+LONG = list(range(100, 120))  # 20 tokens: with windows of 5, offsets 0..15
+
+
+def _documents(docs):
+    """{"docid", "inputs": int32[n] (tokens, no EOS), "targets": int32[2]} examples."""
+    return tf.data.Dataset.from_generator(
+        lambda: iter([{"docid": docid, "inputs": np.array(tokens, np.int32), "targets": np.array([7, EOS_ID], np.int32)}
+                      for docid, tokens in docs]),
+        output_signature={"docid": tf.TensorSpec((), tf.string), "inputs": tf.TensorSpec([None], tf.int32),
+                          "targets": tf.TensorSpec([2], tf.int32)})
+
+
+def _chunks(docs, **kwargs):
+    args = dict(num_chunks=10, input_length=6, seed=0) | kwargs
+    return list(preprocessors.daq_chunks(_documents(docs), FEATURES, **args).as_numpy_iterator())
+
+
+def _offset(window, tokens):
+    """The offset of `window` in `tokens` (brute force), or None."""
+    matches = [o for o in range(len(tokens) - len(window) + 1) if tokens[o:o + len(window)] == window]
+    return matches[0] if matches else None
+
+
+def test_daq_chunks_are_windows_of_the_document_plus_eos_with_features_copied():
+    examples = _chunks([("long", LONG), ("other", list(range(300, 340)))])
+    assert [e["docid"] for e in examples] == [b"long"] * 10 + [b"other"] * 10  # num_chunks per document, in order
+    for example, tokens in zip(examples, [LONG] * 10 + [list(range(300, 340))] * 10):
+        inputs = example["inputs"].tolist()
+        assert len(inputs) == 6 and inputs[-1] == EOS_ID  # input_length - 1 tokens + EOS
+        assert _offset(inputs[:-1], tokens) is not None
+        assert example["targets"].tolist() == [7, EOS_ID]
+    offsets = {_offset(e["inputs"].tolist()[:-1], LONG) for e in examples[:10]}
+    assert len(offsets) > 3  # random offsets, not always the first window
+
+
+def test_daq_chunks_of_short_documents_are_the_whole_document():
+    expected = [{"docid": "short", "inputs": [5, 6, 7, EOS_ID], "targets": [7, EOS_ID]}] * 3 + \
+               [{"docid": "exact", "inputs": [8, 9, 10, 11, 12, EOS_ID], "targets": [7, EOS_ID]}] * 3 + \
+               [{"docid": "empty", "inputs": [EOS_ID], "targets": [7, EOS_ID]}] * 3
+    ds = preprocessors.daq_chunks(_documents([("short", [5, 6, 7]), ("exact", [8, 9, 10, 11, 12]), ("empty", [])]),
+                                  FEATURES, num_chunks=3, input_length=6, seed=0)
+    assert_dataset(ds, expected)
+
+
+def test_daq_chunks_depend_on_seed_and_docid_only():
+    alone = _chunks([("long", LONG)])
+    among_others = _chunks([("a", list(range(50))), ("long", LONG), ("b", LONG)])
+    inputs = lambda examples: [e["inputs"].tolist() for e in examples]  # noqa: E731
+    assert inputs(among_others[10:20]) == inputs(alone)  # stateless: position in the stream does not matter
+    assert inputs(_chunks([("long", LONG)])) == inputs(alone)  # reproducible
+    assert inputs(among_others[20:30]) != inputs(alone)  # another docid, other offsets
+    assert inputs(_chunks([("long", LONG)], seed=1)) != inputs(alone)  # another seed, other offsets
+
+
+def test_daq_chunk_offsets_cover_every_window_about_uniformly():
+    examples = _chunks([("long", LONG)], num_chunks=1600)
+    counts = np.bincount([_offset(e["inputs"].tolist()[:-1], LONG) for e in examples], minlength=16)
+    assert counts.shape == (16,)  # no offset past the last full window
+    # 1600 draws over 16 offsets: 100 expected each (binomial sd 9.7); the seed is fixed, so this cannot flake.
+    assert counts.min() >= 60 and counts.max() <= 140, counts
+
+
+@pytest.mark.parametrize("kwargs,message", [({"num_chunks": 0}, "num_chunks"), ({"input_length": 1}, "input_length"),
+                                            ({"seed": -1}, "seed")])
+def test_daq_chunks_bad_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        _chunks([("long", LONG)], **kwargs)
+
+
+# --- D2Q: k of each passage's synthetic queries --------------------------------------------------------------
+
+def _passages(passages):
+    return tf.data.Dataset.from_generator(
+        lambda: iter([{"docid": docid, "queries": np.array(queries, dtype=object).reshape(-1)}
+                      for docid, queries in passages]),
+        output_signature={"docid": tf.TensorSpec((), tf.string), "queries": tf.TensorSpec([None], tf.string)})
+
+
+def _selected(passages, **kwargs):
+    args = dict(queries_per_passage=2, selection="random", seed=0) | kwargs
+    return [(e["docid"].decode(), e["inputs"].decode())
+            for e in preprocessors.select_synthetic_queries(_passages(passages), **args).as_numpy_iterator()]
+
+
+def test_select_first_synthetic_queries():
+    ds = preprocessors.select_synthetic_queries(
+        _passages([("a", ["a1", "a2", "a3"]), ("b", ["b1"]), ("c", []), ("d", ["d1", "d2"])]),
+        queries_per_passage=2, selection="first", seed=0)
+    assert_dataset(ds, [{"docid": "a", "inputs": "a1"}, {"docid": "a", "inputs": "a2"}, {"docid": "b", "inputs": "b1"},
+                        {"docid": "d", "inputs": "d1"}, {"docid": "d", "inputs": "d2"}])
+
+
+def test_select_random_synthetic_queries_is_a_seeded_subset_in_file_order():
+    queries = [f"q{i}" for i in range(6)]
+    passages = [(f"p{j}", queries) for j in range(300)]
+    selected = _selected(passages, queries_per_passage=3)
+    by_passage = {}
+    for docid, query in selected:
+        by_passage.setdefault(docid, []).append(query)
+    assert len(by_passage) == 300
+    for kept in by_passage.values():
+        assert len(kept) == 3 and kept == sorted(kept, key=queries.index)  # 3 distinct queries, in file order
+    # Every query is kept about half the time (900 picks over 6 queries: 150 expected each, sd 8.7).
+    counts = np.bincount([queries.index(q) for _, q in selected], minlength=6)
+    assert counts.min() >= 110 and counts.max() <= 190, counts
+    assert len({tuple(kept) for kept in by_passage.values()}) == 20  # all C(6, 3) subsets occur
+    assert _selected(passages[7:8], queries_per_passage=3) == [("p7", q) for q in by_passage["p7"]]  # stateless
+    assert _selected(passages, queries_per_passage=3) == selected  # reproducible
+    assert _selected(passages, queries_per_passage=3, seed=1) != selected
+
+
+def test_select_random_keeps_all_queries_of_short_passages():
+    assert _selected([("a", ["a1", "a2"]), ("b", ["b1"])], queries_per_passage=5) == \
+        [("a", "a1"), ("a", "a2"), ("b", "b1")]
+
+
+@pytest.mark.parametrize("kwargs,message", [({"queries_per_passage": 0}, "queries_per_passage"),
+                                            ({"selection": "best"}, "selection"), ({"seed": 2**63}, "seed")])
+def test_select_synthetic_queries_bad_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        _selected([("a", ["a1"])], **kwargs)

@@ -1,7 +1,8 @@
-"""tasks.register_dataset on the fixture corpus: names, examples, docid targets, cache, errors.
+"""tasks.register_dataset on the fixture corpus: names, rows, examples of every representation, docid targets,
+cache, errors, and the D2Q file reader.
 
-Expected examples are written out by hand from tests/fixtures/tasks/ (see the comments in the qrels);
-token ids come from the SentencePiece library itself, not from our code.
+Expected examples are written out by hand from tests/fixtures/tasks/ (see the comments in the qrels and the
+fixture README); token ids come from the SentencePiece library itself, not from our code.
 """
 import logging
 import os
@@ -15,8 +16,8 @@ import sentencepiece as spm
 from seqio.test_utils import assert_dataset
 
 import tasks
-from gr_jax.data import pipeline
-from gr_jax.data.readers import RetrievalDataset, read_collection, read_queries
+from gr_jax.data import d2q, pipeline
+from gr_jax.data.readers import DataFormatError, RetrievalDataset, read_collection, read_queries
 from gr_jax.docids import DocidTable
 from gr_jax.vocabulary import EOS_ID, train_sentencepiece
 
@@ -28,7 +29,13 @@ TRAIN_PAIRS = [("1", "101"), ("2", "2481"), ("3", "35"), ("4", "7067274"), ("5",
                ("6", "58213"), ("7", "600"), ("8", "31415")]
 # First relevant known doc per dev query: 13's first judgement is unknown; 14 has no known relevant doc.
 VALIDATION_PAIRS = [("11", "4420"), ("12", "9"), ("13", "77")]
-ROWS = ("labeled_only", "firstp_labeled")
+ROWS = ("labeled_only", "firstp_labeled", "daq_labeled", "daq_d2q_labeled", "firstp_daq_d2q_labeled", "daq_only",
+        "d2q_only")
+TABLE_IDS = ("1a", "2a", "2b", "3a", "3b", "6a", "6b")
+D2Q_ROWS = ("daq_d2q_labeled", "firstp_daq_d2q_labeled", "d2q_only")
+# tests/fixtures/tasks/d2q.tsv: line i = the queries of passage DOCIDS[i].
+D2Q_QUERIES = {docid: line.split("\t") if line else []
+               for docid, line in zip(DOCIDS, (FIXTURE_DATA / "d2q.tsv").read_text().split("\n"))}
 
 
 @pytest.fixture(scope="module")
@@ -69,24 +76,54 @@ def _examples(name, split, lengths):
     return list(task.get_dataset(lengths, split=split, shuffle=False).as_numpy_iterator())
 
 
-def test_registers_one_task_per_representation_and_one_mixture_per_row(data_dir, register):
+def test_registers_one_task_per_representation_and_one_mixture_per_row_and_table_id(data_dir, register):
     names = register(name="toy", data_dir=data_dir)
-    assert names == ["toy.firstp.naive", "toy.labeled.naive", "toy.labeled_only.naive", "toy.firstp_labeled.naive"]
-    assert {"toy.firstp.naive", "toy.labeled.naive"} <= set(seqio.TaskRegistry.names())
-    assert {"toy.labeled_only.naive", "toy.firstp_labeled.naive"} <= set(seqio.MixtureRegistry.names())
-    assert seqio.get_mixture_or_task("toy.firstp.naive").splits == ("train",)
+    task_names = ["toy.firstp.naive", "toy.daq.naive", "toy.d2q.naive", "toy.labeled.naive"]
+    assert names == task_names + [f"toy.{row}.naive" for row in ROWS] + [f"toy.{i}.naive" for i in TABLE_IDS]
+    assert set(task_names) <= set(seqio.TaskRegistry.names())
+    assert set(names[4:]) <= set(seqio.MixtureRegistry.names())
+    for task in task_names[:3]:
+        assert seqio.get_mixture_or_task(task).splits == ("train",)
     assert set(seqio.get_mixture_or_task("toy.labeled.naive").splits) == {"train", "validation"}
-    dsi = seqio.get_mixture_or_task("toy.firstp_labeled.naive")
-    # Default rates: proportional to the training example counts (10 documents, 9 labeled pairs).
-    assert {t.name: dsi.get_rate(t) for t in dsi.tasks} == {"toy.firstp.naive": 10.0, "toy.labeled.naive": 9.0}
-    assert [t.name for t in seqio.get_mixture_or_task("toy.labeled_only.naive").tasks] == ["toy.labeled.naive"]
+    rates = lambda row: {t.name.split(".")[1]: m.get_rate(t) for m in [seqio.get_mixture_or_task(  # noqa: E731
+        f"toy.{row}.naive")] for t in m.tasks}
+    # Default rates: the training example counts. 10 documents, 10 DaQ chunks each, at most 10 synthetic queries
+    # for each of the 10 passages, 9 labeled pairs.
+    assert rates("firstp_labeled") == {"firstp": 10.0, "labeled": 9.0}
+    assert rates("firstp_daq_d2q_labeled") == {"firstp": 10.0, "daq": 100.0, "d2q": 100.0, "labeled": 9.0}
+    expected_rows = {"labeled_only": {"labeled"}, "firstp_labeled": {"firstp", "labeled"},
+                     "daq_labeled": {"daq", "labeled"}, "daq_d2q_labeled": {"daq", "d2q", "labeled"},
+                     "firstp_daq_d2q_labeled": {"firstp", "daq", "d2q", "labeled"}, "daq_only": {"daq"},
+                     "d2q_only": {"d2q"}}
+    for table_id, row in zip(TABLE_IDS, ROWS):
+        assert set(rates(row)) == expected_rows[row]
+        assert rates(table_id) == rates(row)
+        assert tasks.ROW_IDS[table_id] == row and tasks.row_name(table_id) == row == tasks.row_name(row)
+        assert tasks.mixture_name(name="toy", row=table_id, docid_scheme="naive") == f"toy.{table_id}.naive"
+
+
+def test_table_ids_name_the_same_batches_as_row_names(data_dir, register):
+    register(name="toy", data_dir=data_dir)
+    for table_id, row in (("3b", "firstp_daq_d2q_labeled"),):
+        batches = [pipeline.train_batches(mixture_or_task_name=f"toy.{r}.naive", batch_size=8, input_length=64,
+                                          target_length=16, seed=5) for r in (table_id, row)]
+        for _ in range(4):
+            by_id, by_row = next(batches[0]), next(batches[1])
+            for key in by_row:
+                np.testing.assert_array_equal(by_id[key], by_row[key])
+
+
+def test_unknown_rows_are_errors():
+    with pytest.raises(ValueError, match="unknown mixture row '2c'.*table ids"):
+        tasks.mixture_name(name="toy", row="2c", docid_scheme="naive")
+    assert set(tasks.ROW_IDS.values()) == set(tasks.MIXTURE_ROWS)  # every row has exactly one table id
 
 
 def test_mixing_rates_knob(data_dir, register):
-    register(name="rated", data_dir=data_dir, mixing_rates={"firstp": 1.0, "labeled": 32.0})
+    register(name="rated", data_dir=data_dir, mixing_rates={"firstp": 1.0, "labeled": 32.0, "daq": 2.0, "d2q": 3.0})
     dsi = seqio.get_mixture_or_task("rated.firstp_labeled.naive")
     assert {t.name: dsi.get_rate(t) for t in dsi.tasks} == {"rated.firstp.naive": 1.0, "rated.labeled.naive": 32.0}
-    with pytest.raises(ValueError, match="missing: \\['firstp'\\]"):
+    with pytest.raises(ValueError, match="missing: \\['d2q', 'daq', 'firstp'\\]"):
         register(name="rated2", data_dir=data_dir, mixing_rates={"labeled": 1.0})
     assert "rated2.labeled.naive" not in seqio.TaskRegistry.names()  # nothing left half-registered
 
@@ -159,8 +196,8 @@ def test_pipeline_asking_for_shorter_lengths_than_registered_is_an_error(data_di
 def test_bad_names_and_schemes_are_errors(data_dir, register):
     with pytest.raises(ValueError, match="letters, digits and underscores"):
         register(name="msmarco-mini", data_dir=data_dir)
-    with pytest.raises(ValueError, match="unknown docid scheme 'semantic'"):
-        register(name="toy", data_dir=data_dir, docid_scheme="semantic")
+    with pytest.raises(ValueError, match="unknown docid scheme 'semantic3d'"):
+        register(name="toy", data_dir=data_dir, docid_scheme="semantic3d")
 
 
 def test_missing_vocabulary_names_the_tool_to_run(data_dir, register):
@@ -208,9 +245,11 @@ def test_data_dir_without_training_queries_registers_no_mixture(tmp_path, vocab_
     shutil.copy(vocab_file, data_dir / "spm.model")
     with caplog.at_level(logging.WARNING):
         names = register(name="docs_only", data_dir=data_dir)
-    assert names == ["docs_only.firstp.naive"]
+    assert names == ["docs_only.firstp.naive", "docs_only.daq.naive", "docs_only.daq_only.naive",
+                     "docs_only.6a.naive"]
     messages = [r.getMessage() for r in caplog.records]
     assert any("no data for source 'labeled_queries', so no 'labeled' task" in m for m in messages), messages
+    assert any("skipping mixture row 2a 'firstp_labeled': no task for ['labeled']" in m for m in messages), messages
 
 
 @pytest.mark.parametrize("cache_in_memory", [True, False])
@@ -232,3 +271,194 @@ def test_training_reads_the_collection_once_when_cached_in_memory(data_dir, regi
     for _ in range(8):  # 40 examples: 4 epochs of the 10 documents
         next(batches)
     assert len(reads) == 1 if cache_in_memory else len(reads) >= 4
+
+
+# --- DaQ -------------------------------------------------------------------------------------------------------
+
+def test_daq_examples_are_ten_windows_of_each_document_the_same_every_epoch(data_dir, register):
+    register(name="toy", data_dir=data_dir, input_length=16, target_length=12)
+    sp = _sp(data_dir)
+    documents = list(read_collection(data_dir / "collection.tsv"))
+    task = seqio.get_mixture_or_task("toy.daq.naive")
+    two_epochs = list(task.get_dataset({"inputs": 16, "targets": 12}, split="train", shuffle=False, num_epochs=2)
+                      .as_numpy_iterator())
+    assert len(two_epochs) == 2 * 10 * len(documents)
+    first, second = two_epochs[:100], two_epochs[100:]
+    for a, b in zip(first, second):  # after the in-memory cache, the chunks are still the same
+        np.testing.assert_array_equal(a["inputs"], b["inputs"])
+    for i, (docid, text) in enumerate(documents):
+        tokens = sp.encode(text)
+        windows = {tuple(tokens[o:o + 15]) for o in range(len(tokens) - 15 + 1)}  # every window: brute force
+        chunks = first[10 * i:10 * (i + 1)]
+        for chunk in chunks:
+            assert chunk["docid"].decode() == docid
+            assert chunk["targets"].tolist() == sp.encode(docid) + [EOS_ID]
+            assert chunk["inputs"][-1] == EOS_ID and tuple(chunk["inputs"][:-1].tolist()) in windows
+        assert len({tuple(c["inputs"].tolist()) for c in chunks}) > 1  # random offsets, not FirstP ten times
+
+
+def test_daq_knobs_change_the_examples(data_dir, register):
+    register(name="daq_a", data_dir=data_dir, input_length=16, target_length=12, daq_num_chunks=3, daq_seed=1)
+    register(name="daq_b", data_dir=data_dir, input_length=16, target_length=12, daq_num_chunks=3, daq_seed=2)
+    a, b = (_examples(f"daq_{x}.daq.naive", "train", {"inputs": 16, "targets": 12}) for x in "ab")
+    assert len(a) == len(b) == 3 * len(DOCIDS)
+    assert [e["inputs"].tolist() for e in a] != [e["inputs"].tolist() for e in b]
+    rates = seqio.get_mixture_or_task("daq_a.daq_labeled.naive")
+    assert {t.name: rates.get_rate(t) for t in rates.tasks} == {"daq_a.daq.naive": 30.0, "daq_a.labeled.naive": 9.0}
+
+
+# --- D2Q -------------------------------------------------------------------------------------------------------
+
+def _d2q_expected(sp, queries_per_docid, *, input_length=64):
+    return [{"docid": docid, "inputs": sp.encode(query)[:input_length - 1] + [EOS_ID],
+             "targets": sp.encode(docid) + [EOS_ID]}
+            for docid in DOCIDS for query in queries_per_docid.get(docid, [])]
+
+
+def test_d2q_examples_are_the_first_k_synthetic_queries_of_each_passage(data_dir, register):
+    register(name="toy", data_dir=data_dir, d2q_queries_per_passage=2)
+    expected = _d2q_expected(_sp(data_dir), {d: q[:2] for d, q in D2Q_QUERIES.items()})
+    assert len(expected) == 2 + 2 + 0 + 2 + 1 + 2 + 1 + 2 + 1 + 2
+    task = seqio.get_mixture_or_task("toy.d2q.naive")
+    assert_dataset(task.get_dataset({"inputs": 64, "targets": 16}, split="train", shuffle=False), expected)
+
+
+def test_d2q_default_keeps_ten_per_passage(data_dir, register):
+    register(name="toy", data_dir=data_dir)
+    examples = _examples("toy.d2q.naive", "train", {"inputs": 64, "targets": 16})
+    assert len(examples) == 10 + sum(len(q) for d, q in D2Q_QUERIES.items() if d != "101")  # 101 has 12
+
+
+def test_d2q_random_selection_is_a_seeded_subset(data_dir, register):
+    sp = _sp(data_dir)
+    kept = {}
+    for seed in (0, 1):
+        register(name=f"rand{seed}", data_dir=data_dir, d2q_queries_per_passage=3, d2q_selection="random",
+                 d2q_seed=seed)
+        examples = _examples(f"rand{seed}.d2q.naive", "train", {"inputs": 64, "targets": 16})
+        by_docid = {}
+        for example in examples:
+            by_docid.setdefault(example["docid"].decode(), []).append(example["inputs"].tolist())
+        for docid, queries in D2Q_QUERIES.items():
+            encoded = [sp.encode(q) + [EOS_ID] for q in queries]
+            chosen = by_docid.get(docid, [])
+            assert len(chosen) == min(3, len(queries))
+            assert sorted(map(encoded.index, chosen)) == list(map(encoded.index, chosen))  # a subset, in file order
+        kept[seed] = by_docid["101"]
+    assert kept[0] != kept[1]  # 3 of passage 101's 12 queries: another seed, another subset
+
+
+def test_d2q_pid_layout_gives_the_same_examples(data_dir, register, tmp_path):
+    by_pid = tmp_path / "by_pid.tsv"
+    by_pid.write_text("".join(f"{docid}\t{q}\n" for docid in DOCIDS for q in D2Q_QUERIES[docid]))
+    register(name="lines", data_dir=data_dir)
+    register(name="pids", data_dir=data_dir, d2q_path=by_pid)
+    lines, pids = (_examples(f"{n}.d2q.naive", "train", {"inputs": 64, "targets": 16}) for n in ("lines", "pids"))
+    assert [(e["docid"], e["inputs"].tolist()) for e in lines] == [(e["docid"], e["inputs"].tolist()) for e in pids]
+
+
+def test_without_a_d2q_file_its_task_and_rows_are_left_out_with_a_warning(data_dir, register, caplog):
+    os.remove(data_dir / "d2q.tsv")
+    with caplog.at_level(logging.WARNING):
+        names = register(name="nod2q", data_dir=data_dir)
+    assert "nod2q.d2q.naive" not in names
+    assert not [n for n in names if any(f".{row}." in n for row in D2Q_ROWS + ("3a", "3b", "6b"))]
+    assert {"nod2q.daq_labeled.naive", "nod2q.2b.naive", "nod2q.daq_only.naive"} <= set(names)
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("no synthetic-queries file" in m and str(data_dir / "d2q.tsv") in m for m in messages), messages
+    for row, table_id in zip(D2Q_ROWS, ("3a", "3b", "6b")):
+        assert any(f"skipping mixture row {table_id} {row!r}: no task for ['d2q']" in m for m in messages), messages
+
+
+def test_a_given_d2q_path_must_exist(data_dir, register):
+    with pytest.raises(FileNotFoundError, match="d2q_path .*nowhere.tsv does not exist"):
+        register(name="bad", data_dir=data_dir, d2q_path=data_dir / "nowhere.tsv")
+    assert not [n for n in seqio.TaskRegistry.names() if n.startswith("bad.")]
+
+
+def test_malformed_d2q_file_fails_the_pipeline_naming_path_and_line(data_dir, register):
+    lines = (data_dir / "d2q.tsv").read_text().split("\n")
+    lines[3] = "good query\t \tanother"
+    (data_dir / "d2q.tsv").write_text("\n".join(lines))
+    register(name="broken", data_dir=data_dir)
+    with pytest.raises(Exception, match="d2q.tsv:4: empty query between tabs"):
+        _examples("broken.d2q.naive", "train", {"inputs": 64, "targets": 16})
+
+
+@pytest.mark.parametrize("changed", [{"d2q_queries_per_passage": 20}, {"d2q_selection": "random"},
+                                     {"daq_num_chunks": 5}, {"daq_seed": 3}])
+def test_representation_knobs_are_part_of_the_registration(data_dir, register, changed):
+    register(name="knobs", data_dir=data_dir)
+    with pytest.raises(ValueError, match="already registered"):
+        register(name="knobs", data_dir=data_dir, **changed)
+
+
+@pytest.mark.parametrize("bad,message", [({"d2q_selection": "best"}, "d2q_selection"),
+                                         ({"d2q_queries_per_passage": 0}, "d2q_queries_per_passage"),
+                                         ({"daq_num_chunks": 0}, "daq_num_chunks"), ({"daq_seed": -1}, "daq_seed"),
+                                         ({"input_length": 1}, "input_length")])
+def test_bad_representation_knobs_are_errors(data_dir, register, bad, message):
+    with pytest.raises(ValueError, match=message):
+        register(name="badknob", data_dir=data_dir, **bad)
+
+
+def test_d2q_is_streamed_every_epoch_even_with_the_in_memory_cache(data_dir, register, monkeypatch):
+    register(name="stream", data_dir=data_dir, d2q_queries_per_passage=2)
+    reads = []
+    original = d2q.iter_passage_queries
+
+    def counted(*args, **kwargs):
+        reads.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(d2q, "iter_passage_queries", counted)
+    monkeypatch.setattr(seqio.dataset_providers, "_MAX_EXAMPLES_TO_MEM_CACHE", 0)
+    batches = pipeline.train_batches(mixture_or_task_name="stream.d2q.naive", batch_size=5, input_length=64,
+                                     target_length=16, seed=0)
+    for _ in range(12):  # 60 examples: 4 epochs of the 15 selected queries
+        next(batches)
+    assert len(reads) >= 4
+
+
+# --- the D2Q file reader (gr_jax.data.d2q) ----------------------------------------------------------------------
+
+def _stream(path, docids):
+    return list(d2q.iter_passage_queries(path, docids_in_order=iter(docids), is_docid=set(docids).__contains__))
+
+
+def test_iter_passage_queries_streams_both_layouts(tmp_path):
+    per_passage = tmp_path / "per_passage.tsv"
+    per_passage.write_text("who is seven\twhat is seven\n\neleven facts\n")
+    by_pid = tmp_path / "by_pid.tsv"
+    by_pid.write_text("11\televen facts\n7\twho is seven\n7\twhat is seven\n")
+    docids = ["7", "3", "11"]
+    assert _stream(per_passage, docids) == [("7", ["who is seven", "what is seven"]), ("3", []),
+                                             ("11", ["eleven facts"])]
+    assert _stream(by_pid, docids) == [("11", ["eleven facts"]), ("7", ["who is seven", "what is seven"])]
+    assert d2q.detect_layout(per_passage, is_docid=set(docids).__contains__) == d2q.PER_PASSAGE
+    assert d2q.detect_layout(by_pid, is_docid=set(docids).__contains__) == d2q.PID_QUERY
+    # The per-passage layout consumes the docids lazily: a generator over the collection is enough.
+    consumed = []
+
+    def docids_from_collection():
+        for docid in docids:
+            consumed.append(docid)
+            yield docid
+
+    stream = d2q.iter_passage_queries(per_passage, docids_in_order=docids_from_collection(), is_docid=lambda _: False)
+    assert next(stream) == ("7", ["who is seven", "what is seven"]) and consumed == ["7"]
+
+
+@pytest.mark.parametrize("content,message", [
+    ("7\ta\n11\tb\n7\tc\n", r"by_pid\.tsv:3: pid '7' already had its queries on lines 1\.\. before pid '11'"),
+    ("7\ta\n12\tb\n", r"by_pid\.tsv:2: pid '12' is not in the collection"),
+    ("7\ta\n11\n", r"by_pid\.tsv:2: expected 'pid<TAB>query'"),
+    ("a\nb\n", r"by_pid\.tsv:2: the file ends after 2 lines but the collection has 3 passages"),
+    ("a\nb\nc\nd\n", r"by_pid\.tsv:4: more lines than the 3 passages"),
+    ("", r"by_pid\.tsv:1: the doc2query file is empty"),
+])
+def test_iter_passage_queries_errors_name_path_and_line(tmp_path, content, message):
+    path = tmp_path / "by_pid.tsv"
+    path.write_text(content)
+    with pytest.raises(DataFormatError, match=message):
+        _stream(path, ["7", "3", "11"])

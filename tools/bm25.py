@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 
 import bm25s
 import Stemmer
 
-from gr_jax.data.readers import DataFormatError, open_dataset
-from gr_jax.data.readers import _lines as read_lines  # (line number, line): splits on \n only, names bad UTF-8
+from gr_jax.data.d2q import read_d2q_file
+from gr_jax.data.readers import open_dataset
 from gr_jax.evaluation import retrieval_metrics, scored_to_ranked, write_trec_run
 
 DEFAULT_K1 = 0.82
@@ -100,62 +99,6 @@ def bm25_run(
     for qid, doc_indices, doc_scores in zip(qids, indices.tolist(), scores.tolist()):
         run[qid] = [(docids[i], score) for i, score in zip(doc_indices, doc_scores) if score > 0.0]
     return run
-
-
-def read_d2q_file(path: str | os.PathLike, *, docids_in_order: Sequence[str]) -> dict[str, list[str]]:
-    """Synthetic queries per docid from a docTTTTTquery-style file.
-
-    Two layouts are accepted, decided by the first line:
-      * ``pid <TAB> query`` lines, any number per pid, in any order (first line has two fields and its first
-        field is a docid of the collection);
-      * one line per passage, in collection order, holding that passage's queries separated by tabs (line i is
-        ``docids_in_order[i]``; an empty line means no queries). The line count must equal the collection size.
-    Returns ``{docid: [query, ...]}`` in file order. Errors raise DataFormatError naming path:line.
-    """
-    known = set(docids_in_order)
-    if len(known) != len(docids_in_order):
-        raise ValueError("docids_in_order contains a docid twice")
-    lines = [line for _, line in read_lines(path)]
-    if not lines:
-        raise DataFormatError.at(path, 1, "the doc2query file is empty")
-    first_fields = lines[0].split("\t")
-    pid_layout = len(first_fields) == 2 and first_fields[0] in known
-
-    expansions: dict[str, list[str]] = {}
-    if pid_layout:
-        for line_number, line in enumerate(lines, start=1):
-            fields = line.split("\t")
-            if len(fields) != 2:
-                raise DataFormatError.at(
-                    path, line_number,
-                    f"expected 'pid<TAB>query' (the layout of line 1), found {len(fields)} tab-separated fields",
-                )
-            pid, query = fields
-            if pid not in known:
-                raise DataFormatError.at(path, line_number, f"pid {pid!r} is not in the collection")
-            if not query.strip():
-                raise DataFormatError.at(path, line_number, f"empty query for pid {pid!r}")
-            expansions.setdefault(pid, []).append(query)
-        return expansions
-
-    for line_number, line in enumerate(lines, start=1):
-        if line_number > len(docids_in_order):
-            raise DataFormatError.at(
-                path, line_number,
-                f"more lines than the {len(docids_in_order)} passages of the collection (expected one line per "
-                "passage in collection order, or 'pid<TAB>query' lines whose first pid is in the collection)",
-            )
-        queries = line.split("\t") if line else []
-        if any(not query.strip() for query in queries):
-            raise DataFormatError.at(path, line_number, "empty query between tabs")
-        expansions[docids_in_order[line_number - 1]] = queries
-    if len(lines) != len(docids_in_order):
-        raise DataFormatError.at(
-            path, len(lines),
-            f"the file ends after {len(lines)} lines but the collection has {len(docids_in_order)} passages "
-            "(expected one line per passage, in collection order)",
-        )
-    return expansions
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

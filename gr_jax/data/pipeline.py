@@ -128,8 +128,9 @@ def eval_batches(
     A Mixture is evaluated as the concatenation of its tasks that have `split` (sorted by name), each in
     full, instead of sampling from them. With several hosts every host yields the same number of batches
     (hosts with fewer examples add fully masked ones), computed from the tasks' declared example counts
-    (`num_input_examples`, exact for the one-example-per-input tasks of `tasks/`); a host whose stream does
-    not match its expected count raises instead of yielding a different number of batches.
+    (`num_input_examples`, exact for the one-example-per-input tasks of `tasks/`: FirstP and labeled queries; DaQ
+    and D2Q expand each input into several examples, so a multi-host pass over them raises); a host whose stream
+    does not match its expected count raises instead of yielding a different number of batches.
     """
     host_batch = _host_batch_size(batch_size=batch_size, shard_index=shard_index, num_shards=num_shards)
     provider = seqio.get_mixture_or_task(mixture_or_task_name)

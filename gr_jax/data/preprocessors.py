@@ -2,16 +2,22 @@
 
 A retrieval Task (see `tasks/retrieval.py`) chains seqio's own preprocessors with these:
 
-    source                      {"docid": str, "inputs": str[, "qid": str]}
+    source                      {"docid": str, "inputs": str[, "qid": str]}  (D2Q: {"docid", "queries": str[n]})
+    select_synthetic_queries    D2Q: up to k of a passage's queries, one example each {"docid", "inputs": str}
     tokenize_inputs             inputs: str -> int32[n]            (seqio tokenize; no EOS yet)
     docid_targets               targets: int32[m]                   (the DocidTable row: docid tokens + EOS)
     trim_inputs_and_append_eos  inputs: int32[<= input_length]      (first input_length - 1 tokens + EOS)
     cache_in_memory             (later epochs start here)
-    seqio.CacheDatasetPlaceholder, then seqio repeats; stochastic representations would map here
+    seqio.CacheDatasetPlaceholder, then seqio repeats
+    daq_chunks                  DaQ: num_chunks random windows of a document's tokens + EOS, one example each
     require_feature_lengths     (a check at pipeline construction, examples unchanged)
 
 Targets are pre-tokenized on purpose: they must be exactly the docid table's rows, the same sequences the
 decoding trie is built from, so they never go through the tokenizer or the trimming again.
+
+Random choices (DaQ offsets, sampled D2Q queries) are stateless: Philox keyed by (seed, FarmHash Fingerprint64
+of the docid), so an example depends on its document and the seed only: the same in every epoch, on every host,
+whatever the order, sharding or caching of the pipeline.
 """
 from __future__ import annotations
 
@@ -91,6 +97,103 @@ def trim_inputs_and_append_eos(
     """
     return seqio.preprocessors.append_eos_after_trim(
         dataset, output_features=output_features, sequence_length={"inputs": input_length})
+
+
+# tf.strings.to_hash_bucket_fast(x, n) is FarmHash Fingerprint64(x) mod n: stable across TF versions and platforms.
+_FINGERPRINT_BUCKETS = 2**63 - 1
+SELECTIONS = ("first", "random")
+
+
+def _check_seed(seed: int) -> None:
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        raise ValueError(f"seed must be an integer in [0, 2**63), got {seed!r}")
+
+
+def _docid_seed(docid: tf.Tensor, seed: int) -> tf.Tensor:
+    """int64[2] key of the stateless Philox stream of one document: (seed, Fingerprint64(docid))."""
+    return tf.stack([tf.constant(seed, tf.int64), tf.strings.to_hash_bucket_fast(docid, _FINGERPRINT_BUCKETS)])
+
+
+def _repeat_features(example: Mapping[str, tf.Tensor], count: tf.Tensor) -> dict[str, tf.Tensor]:
+    """Every feature stacked `count` times along a new first axis (for `unbatch` into `count` examples)."""
+    return {key: tf.repeat(value[tf.newaxis], count, axis=0) for key, value in example.items()}
+
+
+def daq_chunks(
+        dataset: tf.data.Dataset,
+        output_features: Mapping[str, seqio.Feature],
+        *,
+        num_chunks: int,
+        input_length: int,
+        seed: int,
+) -> tf.data.Dataset:
+    """Document as Query (DaQ): `num_chunks` examples per document, each a window of `input_length - 1`
+    consecutive tokens at a random offset, then EOS: `inputs: int32[<= input_length]`; other features copied.
+
+    Offsets are uniform over the windows that fit (`0 .. n - (input_length - 1)` for `n` tokens), drawn
+    independently per chunk (two chunks may coincide); a document shorter than a window gives its whole
+    text `num_chunks` times, so every document weighs the same and the example count is exactly
+    `num_chunks` per document. Stateless (see the module docstring): the chunks of a document depend on
+    `(seed, docid)` only, so this runs after the in-memory cache, which then holds each document's tokens
+    once instead of `num_chunks` windows.
+
+    Expects tokenized `inputs: int32[n]` without EOS and a scalar `docid: string`.
+    """
+    if isinstance(num_chunks, bool) or not isinstance(num_chunks, int) or num_chunks < 1:
+        raise ValueError(f"num_chunks must be a positive integer, got {num_chunks!r}")
+    if isinstance(input_length, bool) or not isinstance(input_length, int) or input_length < 2:
+        raise ValueError(f"input_length must be an integer >= 2, got {input_length!r}")
+    _check_seed(seed)
+    window = input_length - 1
+    eos_id = output_features["inputs"].vocabulary.eos_id
+
+    def chunks(example: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        tokens = example["inputs"]
+        n = tf.size(tokens, out_type=tf.int64)
+        # offsets: int64[num_chunks] in [0, max(n - window, 0)].
+        offsets = tf.random.stateless_uniform([num_chunks], seed=_docid_seed(example["docid"], seed), minval=0,
+                                              maxval=tf.maximum(n - window, 0) + 1, dtype=tf.int64, alg="philox")
+        positions = offsets[:, tf.newaxis] + tf.range(tf.minimum(n, window), dtype=tf.int64)[tf.newaxis, :]
+        windows = tf.gather(tokens, positions)  # [num_chunks, min(n, window)]
+        eos = tf.fill([num_chunks, 1], tf.constant(eos_id, tokens.dtype))
+        return {**_repeat_features(example, num_chunks), "inputs": tf.concat([windows, eos], axis=1)}
+
+    return dataset.map(chunks, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
+
+
+def select_synthetic_queries(
+        dataset: tf.data.Dataset,
+        *,
+        queries_per_passage: int,
+        selection: str,
+        seed: int,
+) -> tf.data.Dataset:
+    """D2Q: one example `{"docid", "inputs": query}` per kept synthetic query of each passage.
+
+    Input: `{"docid": string, "queries": string[n]}` per passage. Keeps `min(queries_per_passage, n)`
+    queries, in file order: the first ones (`selection="first"`) or a uniformly random subset
+    (`"random"`: the queries with the largest stateless uniform keys, seeded by `(seed, docid)`, so the
+    subset is the same in every epoch). Passages without queries give no example.
+    """
+    if isinstance(queries_per_passage, bool) or not isinstance(queries_per_passage, int) or queries_per_passage < 1:
+        raise ValueError(f"queries_per_passage must be a positive integer, got {queries_per_passage!r}")
+    if selection not in SELECTIONS:
+        raise ValueError(f"selection must be one of {SELECTIONS}, got {selection!r}")
+    _check_seed(seed)
+
+    def select(example: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        queries = example["queries"]
+        n = tf.size(queries)
+        k = tf.minimum(n, queries_per_passage)
+        if selection == "first":
+            kept = queries[:k]
+        else:
+            keys = tf.random.stateless_uniform([n], seed=_docid_seed(example["docid"], seed), alg="philox")
+            kept = tf.gather(queries, tf.sort(tf.math.top_k(keys, k=k).indices))
+        others = {key: value for key, value in example.items() if key != "queries"}
+        return {**_repeat_features(others, k), "inputs": kept}
+
+    return dataset.map(select, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
 
 
 def cache_in_memory(dataset: tf.data.Dataset) -> tf.data.Dataset:
