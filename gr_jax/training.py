@@ -46,6 +46,13 @@ class DatasetConfig:
     input_length: int = 64
     target_length: int = 16
     vocabulary_path: Optional[str] = None  # default {data_dir}/spm.model; a pretrained spiece.model works too
+    # Document representations (see tasks.register_dataset): DaQ chunks, D2Q synthetic queries.
+    daq_num_chunks: int = 10
+    daq_seed: int = 0
+    d2q_path: Optional[str] = None  # default {data_dir}/d2q.tsv when it exists
+    d2q_queries_per_passage: int = 10
+    d2q_selection: str = "first"
+    d2q_seed: int = 0
 
     @property
     def vocabulary_file(self) -> pathlib.Path:
@@ -55,7 +62,10 @@ class DatasetConfig:
         import tasks  # Registers seqio tasks; imported lazily so the library does not require the tasks package.
         return tasks.register_dataset(name=self.name, data_dir=self.data_dir, docid_scheme=self.docid_scheme,
                                       input_length=self.input_length, target_length=self.target_length,
-                                      vocabulary_path=self.vocabulary_path)
+                                      vocabulary_path=self.vocabulary_path, daq_num_chunks=self.daq_num_chunks,
+                                      daq_seed=self.daq_seed, d2q_path=self.d2q_path,
+                                      d2q_queries_per_passage=self.d2q_queries_per_passage,
+                                      d2q_selection=self.d2q_selection, d2q_seed=self.d2q_seed)
 
     @property
     def mixture_name(self) -> str:
@@ -77,12 +87,16 @@ class NonFiniteLossError(FloatingPointError):
     """A training metric became NaN/inf; nothing after the last good checkpoint was saved."""
 
 
-def build_model(*, config: network.T5Config, vocabulary: Any, z_loss: float = 1e-4) -> EncoderDecoderModel:
+def build_model(*, config: network.T5Config, vocabulary: Any, z_loss: float = 1e-4,
+                docid_vocab_size: int = 0) -> EncoderDecoderModel:
+    """Sizes the vocabulary from the SentencePiece model and the docid scheme (2D semantic and atomic docids use
+    token ids after the SentencePiece pieces), unless gin fixed it; a too-small fixed size is an error."""
+    needed = max(vocabulary.vocab_size, docid_vocab_size)
     if config.vocab_size is None:
-        config = config.with_vocab_size(vocabulary.vocab_size)
-    elif config.vocab_size < vocabulary.vocab_size:
-        raise ValueError(f"T5Config.vocab_size={config.vocab_size} is smaller than the vocabulary "
-                         f"({vocabulary.vocab_size} pieces)")
+        config = config.with_vocab_size(needed)
+    elif config.vocab_size < needed:
+        raise ValueError(f"T5Config.vocab_size={config.vocab_size} is smaller than the {needed} token ids the "
+                         f"vocabulary ({vocabulary.vocab_size} pieces) and docids need")
     return EncoderDecoderModel(config=config, z_loss=z_loss)
 
 
@@ -105,9 +119,12 @@ class Experiment:
 
     def build(self, *, keep_checkpoints: int = 3) -> "Built":
         """Registers the tasks, loads the vocabulary, and builds model, mesh and trainer (no allocation)."""
+        import tasks
         self.dataset.register()
         vocabulary = load_vocabulary(self.dataset.vocabulary_file)
-        model = build_model(config=self.network_config, vocabulary=vocabulary, z_loss=self.z_loss)
+        model = build_model(config=self.network_config, vocabulary=vocabulary, z_loss=self.z_loss,
+                            docid_vocab_size=tasks.docid_vocab_size(name=self.dataset.name,
+                                                                    docid_scheme=self.dataset.docid_scheme))
         mesh = partitioning.make_mesh(data=self.mesh_data, model=self.mesh_model)
         trainer = Trainer(model=model, optimizer=self.optimizer_factory(learning_rate=self.learning_rate),
                           mesh=mesh, input_length=self.dataset.input_length,
