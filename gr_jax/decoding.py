@@ -74,12 +74,14 @@ def _check_cache(cache: Any, *, rows: int, rows_are: str) -> None:
                              f"cache{jax.tree_util.keystr(path)} has shape {list(jnp.shape(leaf))}")
 
 
-def _call_step_fn(step_fn: StepFn, tokens: jax.Array, position: jax.Array, cache: Any) -> tuple[jax.Array, Any]:
+def _call_step_fn(step_fn: StepFn, tokens: jax.Array, position: jax.Array, cache: Any, *,
+                  returns_log_probs: bool = False) -> tuple[jax.Array, Any]:
     """Runs the model step and returns (log-probs float32[rows, vocab] over the full vocabulary, new cache)."""
     logits, new_cache = step_fn(tokens, position, cache)
     if logits.ndim != 2 or logits.shape[0] != tokens.shape[0]:
         raise ValueError(f"step_fn must return logits [{tokens.shape[0]}, vocab], got {list(logits.shape)}")
-    return jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1), new_cache
+    logits = logits.astype(jnp.float32)
+    return (logits if returns_log_probs else jax.nn.log_softmax(logits, axis=-1)), new_cache
 
 
 def _expansion_widths(trie: Trie) -> list[int]:
@@ -137,6 +139,8 @@ def beam_search(
     trie: Trie | None = None,
     eos_id: int = EOS_ID,
     length_penalty: float = 0.0,
+    step_fn_returns_log_probs: bool = False,
+    stop_early: bool = True,
 ) -> BeamSearchResult:
     """Beam search for the `num_beams` best EOS-terminated sequences of each query, best first.
 
@@ -154,6 +158,10 @@ def beam_search(
     `length_penalty` != 0. With a trie the scores are the model's log-likelihoods of valid docids only;
     slots without a result (fewer valid docids than beams) have score -inf and all-PAD sequences.
     Without a trie, a query with no finished beam at the end returns its alive beams (as t5x).
+    `step_fn_returns_log_probs`: the step's output is used as log-probs as is (no log-softmax), for a
+    step_fn that edits log-probs, e.g. HF-style logits processors that mask them after the log-softmax.
+    `stop_early=False` always runs `max_decode_len` steps (same results, since the stop is exact): for
+    timing searches at one length, e.g. a random-init model, whose unconstrained search ends after ~2 steps.
     Jittable; `step_fn`, the sizes and `length_penalty` are static, `cache` and `trie` may be traced.
     """
     _check_arguments(trie=trie, eos_id=eos_id, max_decode_len=max_decode_len, batch_size=batch_size,
@@ -174,11 +182,12 @@ def beam_search(
             best_alive = best_alive / largest
         worst_finished = state.finished_scores.min(axis=1)
         done = (best_alive == NEG_INF) | (worst_finished >= best_alive)
-        return (state.position < length) & ~jnp.all(done)
+        return (state.position < length) & ~(jnp.all(done) & stop_early)
 
     def search_step(state: _BeamState) -> _BeamState:
         position = state.position
-        log_probs, cache = _call_step_fn(step_fn, state.last_tokens.reshape(rows), position, state.cache)
+        log_probs, cache = _call_step_fn(step_fn, state.last_tokens.reshape(rows), position, state.cache,
+                                         returns_log_probs=step_fn_returns_log_probs)
         vocab = log_probs.shape[1]
         flat_states = state.alive_states.reshape(rows)
 

@@ -1,17 +1,34 @@
-"""Decoding benchmark, part 2: the cost of the docid constraint, and the trie build at MS MARCO scale.
+"""Decoding benchmark: the docid constraint's cost with a model and alone, and the trie build at MS MARCO scale.
 
+python -m tools.bench.decode --part model [--models tiny small --schemes pids semantic
+                                           --num-docids 10000 100000 1000000 8841823 --batch 16 64 --beams 10 40]
 python -m tools.bench.decode --part constraint [--num-docids 1000000 --vocab-size 2048 --docid-length 8
                                                 --batch 2 --beams 70 --sparse-fanout 30 --repeats 10]
 python -m tools.bench.decode --part build [--num-docids 8841823 --vocab path/to/spm.model]
 
-`constraint`: random logits stand in for the model (a step_fn returning fixed random logits per
+`model` (part 1): random-init T5.1.1 models (dimensions from gin_configs/models/t5_1_1/{tiny,small}.gin, a
+32,128-token output layer as T5's) decode random 32-token queries, jitted, once with `trie=None` and once
+with the docid trie, timed alternately in one process; the JSON line per (model, docid set, batch, beams)
+gives the medians per call and per query and their ratio (constrained / unconstrained; target <= 1.10 at
+every corpus size), with the trie's build seconds and bytes. Both decode exactly `max_decode_len` = the
+docid table's longest sequence (EOS included) steps: `predict_batch`'s computation with beam search's early
+stop off, since a random model's unconstrained search would otherwise stop after ~2 steps (its best output
+is the lone EOS) while the constrained one runs to the docids' depth. `predict_batch` as is, early stop
+included, is timed too (`predict_batch_*`; --no-predict-batch skips it). Docid sets: `pids`, MS MARCO-style
+naive docids (pids 0..N-1 as strings through a SentencePiece vocabulary: --vocab, else
+data/wordnet_food/spm.model, else one trained here on synthetic text), and `semantic`, semantic-id-shaped
+docids (a random cluster tree with k=10 children per split and leaves of at most c=100 documents, written
+as digit tokens and a 2-digit leaf position, as `gr_jax.semantic_ids.semantic_docid_table` writes them).
+
+`constraint` (part 2): random logits stand in for the model (a step_fn returning fixed random logits per
 position), so only the search and its constraint are timed. One jitted beam search uses our array trie
-(`gr_jax.trie`); the other is the research-code pattern: the same beam search, unconstrained, with a
-step_fn that asks the host for the allowed-token mask at every step (`jax.pure_callback` walking a
-nested-dict trie per beam, as GENRE's `Trie.get` behind HF's `prefix_allowed_tokens_fn`). Both are
-compiled first and timed alternately in one process; medians are reported with their ratio
-(host callback / ours; target >= 50x) and the trie's build seconds and bytes. One JSON line per
-`--beams` value; `unconstrained_search_s` times the same search without any constraint.
+(`gr_jax.trie`); the other is the research-code pattern inside the same jitted beam search: at every step
+a `jax.pure_callback` runs HF's `PrefixConstrainedLogitsProcessor` on the host, which calls GENRE's
+`prefix_allowed_tokens_fn` (`trie.get(sent.tolist())` on a nested-dict trie) once per beam and turns the
+returned token lists into a [rows, vocab] mask added to the log-probs. Both are compiled first and timed
+alternately; medians are reported with their ratio (host callback / ours; target >= 50x) and the trie's
+build seconds and bytes. One JSON line per `--beams` value; `unconstrained_search_s` times the same search
+without any constraint.
 
 `build`: the trie of 8.8M MS MARCO-style naive docids (pids 0..8841822 as digit strings, tokenised by
 the SentencePiece model given with --vocab, else one token per digit). Target: < 2 minutes, a few
@@ -22,57 +39,33 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import pathlib
 import resource
 import statistics
+import tempfile
 import time
 import tracemalloc
+from collections.abc import Callable
 
+import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
+import sentencepiece as spm
+from flax.core import meta
 
+from gr_jax import gin_utils
+from gr_jax import network
 from gr_jax.decoding import beam_search
-from gr_jax.docids import naive_docid_table
+from gr_jax.docids import DocidTable, naive_docid_table
+from gr_jax.models import EncoderDecoderModel
 from gr_jax.trie import Trie
-from gr_jax.vocabulary import EOS_ID
+from gr_jax.vocabulary import EOS_ID, PAD_ID, train_sentencepiece
 
 MSMARCO_PASSAGES = 8_841_823
-
-
-def random_docid_rows(rng: np.random.Generator, *, num_docids: int, vocab_size: int, length: int) -> np.ndarray:
-    """int32[num_docids, length + 1]: distinct random docids of `length` content tokens, then EOS."""
-    content = np.unique(rng.integers(2, vocab_size, (num_docids, length), dtype=np.int32), axis=0)
-    while len(content) < num_docids:  # collisions are rare; top up
-        extra = rng.integers(2, vocab_size, (num_docids - len(content), length), dtype=np.int32)
-        content = np.unique(np.concatenate([content, extra]), axis=0)
-    content = content[rng.permutation(num_docids)]
-    return np.concatenate([content, np.full((num_docids, 1), EOS_ID, np.int32)], axis=1)
-
-
-def dict_trie(rows: np.ndarray) -> dict:
-    """The research-code trie: nested dicts token -> subtree (GENRE's `Trie`)."""
-    root: dict = {}
-    for row in rows.tolist():
-        node = root
-        for token in row:
-            node = node.setdefault(token, {})
-            if token == EOS_ID:
-                break
-    return root
-
-
-def host_allowed_mask(root: dict, vocab_size: int, prefixes: np.ndarray, position: np.ndarray) -> np.ndarray:
-    """bool[rows, vocab]: per beam, walk the decoded prefix from the root and allow the node's children."""
-    mask = np.zeros((prefixes.shape[0], vocab_size), bool)
-    for i, prefix in enumerate(prefixes[:, :int(position)].tolist()):
-        node = root
-        for token in prefix:
-            node = node.get(token)
-            if node is None:
-                break
-        if node:
-            mask[i, list(node)] = True
-    return mask
+REPO = pathlib.Path(__file__).resolve().parents[2]
+DEFAULT_VOCAB = REPO / "data" / "wordnet_food" / "spm.model"
+MODEL_GINS = {name: f"models/t5_1_1/{name}.gin" for name in ("tiny", "small", "base", "large")}
 
 
 def _time_once(fn, *args) -> float:
@@ -85,9 +78,334 @@ def _max_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def _device_fields() -> dict:
+    return {"backend": jax.default_backend(), "device": str(jax.devices()[0].device_kind)}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Part 1: with the model
+# ---------------------------------------------------------------------------------------------------------
+
+def synthetic_texts(rng: np.random.Generator, *, count: int) -> list[str]:
+    """Lines of random lowercase words and numbers, enough for a small SentencePiece vocabulary."""
+    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
+    words = ["".join(rng.choice(letters, rng.integers(2, 9))) for _ in range(3000)]
+    lines = []
+    for _ in range(count):
+        tokens = [words[i] for i in rng.integers(0, len(words), 12)] + [str(rng.integers(0, 10**7))]
+        lines.append(" ".join(tokens))
+    return lines
+
+
+def load_vocabulary(path: str | None) -> tuple[spm.SentencePieceProcessor, str]:
+    """(processor, its path): `path`, else data/wordnet_food/spm.model, else one trained on synthetic text."""
+    if path is None and DEFAULT_VOCAB.exists():
+        path = str(DEFAULT_VOCAB)
+    if path is None:
+        path = str(pathlib.Path(tempfile.mkdtemp(prefix="decode_bench_")) / "spm.model")
+        train_sentencepiece(texts=synthetic_texts(np.random.default_rng(0), count=20_000), model_path=path,
+                            vocab_size=1000)
+    return spm.SentencePieceProcessor(model_file=path), path
+
+
+def digit_tokens(processor: spm.SentencePieceProcessor) -> np.ndarray:
+    """int64[10]: the ids of the pieces "0".."9" (the vocabulary must split digits, as ours do)."""
+    ids = np.array([processor.piece_to_id(d) for d in "0123456789"])
+    if any(processor.is_unknown(int(i)) for i in ids) or np.isin(ids, (PAD_ID, EOS_ID)).any():
+        raise ValueError("the SentencePiece vocabulary has no piece for every digit 0..9")
+    return ids
+
+
+def pid_docid_table(processor: spm.SentencePieceProcessor, *, num_docids: int) -> DocidTable:
+    """MS MARCO-style naive docids: pids 0..N-1 as strings, tokenised by the vocabulary."""
+    return naive_docid_table(docids=[str(pid) for pid in range(num_docids)], encode=processor.encode, batched=True)
+
+
+def semantic_id_table(rng: np.random.Generator, *, num_docids: int, digits: np.ndarray, k: int = 10,
+                      c: int = 100, concentration: float = 1.0) -> DocidTable:
+    """Semantic-id-shaped docids without embeddings or k-means: the same tree shape and token layout.
+
+    A node with more than c documents is split into k children with Dirichlet(concentration) proportions
+    (unbalanced, as k-means clusters are; empty children vanish), recursively; a document's id is its
+    path of cluster digits, then its 2-digit position in its leaf, then EOS (k=10: one digit per level).
+    """
+    if k != 10 or c != 100:
+        raise ValueError("the token layout here is one digit per level and two for the leaf position: k=10, c=100")
+    depth_paths: list[np.ndarray] = []  # per level d: int[leaves at depth d, d] cluster digits
+    depth_sizes: list[np.ndarray] = []
+    paths, sizes = np.zeros((1, 0), np.int64), np.array([num_docids])
+    while sizes.size:
+        leaf = sizes <= c
+        depth_paths.append(paths[leaf])
+        depth_sizes.append(sizes[leaf])
+        parents, parent_sizes = paths[~leaf], sizes[~leaf]
+        child_sizes = rng.multinomial(parent_sizes, rng.dirichlet(np.full(k, concentration), size=len(parents)))
+        paths = np.concatenate([np.repeat(parents, k, axis=0), np.tile(np.arange(k), len(parents))[:, None]], axis=1)
+        sizes = child_sizes.ravel()
+        paths, sizes = paths[sizes > 0], sizes[sizes > 0]
+    max_depth = len(depth_paths) - 1
+    tokens = np.full((num_docids, max_depth + 3), PAD_ID, np.int32)
+    row = 0
+    for depth, (leaf_paths, leaf_sizes) in enumerate(zip(depth_paths, depth_sizes)):
+        count = int(leaf_sizes.sum())
+        rows = slice(row, row + count)
+        starts = np.cumsum(leaf_sizes) - leaf_sizes
+        position = np.arange(count) - np.repeat(starts, leaf_sizes)
+        tokens[rows, :depth] = digits[np.repeat(leaf_paths, leaf_sizes, axis=0)]
+        tokens[rows, depth] = digits[position // 10]
+        tokens[rows, depth + 1] = digits[position % 10]
+        tokens[rows, depth + 2] = EOS_ID
+        row += count
+    return DocidTable(docids=tuple(map(str, range(num_docids))), tokens=tokens)
+
+
+def model_config(name: str, *, vocab_size: int, dtype: str) -> network.T5Config:
+    """The T5Config of a size gin (dimensions only), as the training entry points build it."""
+    gin.clear_config()
+    gin_utils.parse_gin(gin_files=[MODEL_GINS[name]], bindings=[])
+    config = gin.get_configurable(network.T5Config)(vocab_size=vocab_size, dtype=dtype, dropout_rate=0.0)
+    gin.clear_config()
+    return config
+
+
+class ModelDecoder:
+    """A random-init model and its jitted searches, compiled once per (beams, max_decode_len, early stop):
+    the unconstrained ones are shared by docid sets of the same length."""
+
+    def __init__(self, *, name: str, vocab_size: int, dtype: str, query_length: int, seed: int):
+        self.name = name
+        self.model = EncoderDecoderModel(config=model_config(name, vocab_size=vocab_size, dtype=dtype))
+        init = jax.jit(lambda rng: meta.unbox(self.model.init(rng, input_length=query_length, target_length=8)))
+        self.params = jax.block_until_ready(init(jax.random.PRNGKey(seed))["params"])  # not into later timings
+        self.num_params = int(sum(x.size for x in jax.tree.leaves(self.params)))
+        self._searches: dict[tuple[int, int, bool], Callable] = {}
+
+    def search(self, *, num_beams: int, max_decode_len: int, stop_early: bool) -> Callable:
+        """(params, tokens, trie or None) -> BeamSearchResult, jitted.
+
+        stop_early=True: `EncoderDecoderModel.predict_batch` itself. False: the same computation (prefill,
+        then `decoding.beam_search` over `Transformer.decode_step`) for exactly `max_decode_len` steps.
+        """
+        key = (num_beams, max_decode_len, stop_early)
+        if key not in self._searches:
+            if stop_early:
+                fn = functools.partial(self.model.predict_batch, num_beams=num_beams, max_decode_len=max_decode_len)
+                self._searches[key] = jax.jit(lambda params, tokens, trie: fn(params, tokens, trie=trie))
+            else:
+                self._searches[key] = jax.jit(functools.partial(
+                    self._full_length_search, num_beams=num_beams, max_decode_len=max_decode_len))
+        return self._searches[key]
+
+    def _full_length_search(self, params, tokens: jax.Array, trie: Trie | None, *, num_beams: int,
+                            max_decode_len: int):
+        module, variables = self.model.module, {"params": params}
+        context = module.apply(variables, tokens, max_decode_len=max_decode_len, method=network.Transformer.prefill)
+        batch = tokens.shape[0]
+        cache = network.init_cache(self.model.config, rows=batch * num_beams, max_decode_len=max_decode_len)
+
+        def step_fn(previous, position, cache):
+            return module.apply(variables, previous, position=position, cache=cache, context=context,
+                                method=network.Transformer.decode_step)
+
+        return beam_search(step_fn=step_fn, cache=cache, batch_size=batch, num_beams=num_beams,
+                           max_decode_len=max_decode_len, trie=trie, stop_early=False)
+
+
+def _time_pair(search: Callable, params, queries: jax.Array, trie: Trie, *, repeats: int) -> dict:
+    """Compiles and runs `search` without and with the trie, then times them alternately: medians (s)."""
+    first = {"unconstrained": _time_once(search, params, queries, None),
+             "constrained": _time_once(search, params, queries, trie)}
+    times: dict[str, list[float]] = {"unconstrained": [], "constrained": []}
+    for _ in range(repeats):
+        times["unconstrained"].append(_time_once(search, params, queries, None))
+        times["constrained"].append(_time_once(search, params, queries, trie))
+    return {"first_call_s": first, **{mode: statistics.median(values) for mode, values in times.items()}}
+
+
+def run_model_setting(*, decoder: ModelDecoder, table: DocidTable, trie: Trie, scheme: str, docid_set_s: float,
+                      trie_build_s: float, batch: int, beams: int, query_length: int, query_vocab: int,
+                      repeats: int, seed: int, predict_batch: bool) -> dict:
+    length = table.max_length
+    rng = np.random.default_rng(seed)
+    queries = rng.integers(3, query_vocab, (batch, query_length), dtype=np.int32)
+    queries[:, -1] = EOS_ID
+    queries = jnp.asarray(queries)
+    params = decoder.params
+
+    full = decoder.search(num_beams=beams, max_decode_len=length, stop_early=False)
+    timed = _time_pair(full, params, queries, trie, repeats=repeats)
+
+    def outputs(result) -> tuple[float, float]:
+        """(mean length of the best output, fraction of finished outputs that are docids)."""
+        sequences = np.asarray(result.sequences)
+        found = np.isfinite(np.asarray(result.scores))
+        rows = np.asarray(trie.leaf_indices(jnp.asarray(sequences.reshape(-1, length)))).reshape(found.shape)
+        return float((sequences[:, 0] != PAD_ID).sum(axis=1).mean()), float((rows[found] >= 0).mean())
+
+    unconstrained_length, unconstrained_valid = outputs(full(params, queries, None))
+    constrained_length, constrained_valid = outputs(full(params, queries, trie))
+    line = {
+        "part": "model",
+        **_device_fields(),
+        "model": decoder.name,
+        "params": decoder.num_params,
+        "dtype": decoder.model.config.dtype,
+        "model_vocab_size": decoder.model.config.vocab_size,
+        "scheme": scheme,
+        "num_docids": len(table),
+        "max_decode_len": length,
+        "docid_set_s": round(docid_set_s, 2),
+        "docid_table_bytes": int(table.tokens.nbytes),
+        "trie_build_s": round(trie_build_s, 3),
+        "trie_bytes": trie.nbytes,
+        "trie_states": trie.num_states,
+        "trie_max_fanout": trie.max_fanout,
+        "batch": batch,
+        "beams": beams,
+        "query_length": query_length,
+        "unconstrained_first_call_s": round(timed["first_call_s"]["unconstrained"], 2),
+        "constrained_first_call_s": round(timed["first_call_s"]["constrained"], 2),
+        "unconstrained_s": timed["unconstrained"],
+        "constrained_s": timed["constrained"],
+        "unconstrained_ms_per_query": 1e3 * timed["unconstrained"] / batch,
+        "constrained_ms_per_query": 1e3 * timed["constrained"] / batch,
+        "ratio_constrained_over_unconstrained": round(timed["constrained"] / timed["unconstrained"], 3),
+        "unconstrained_best_output_length": unconstrained_length,
+        "constrained_best_output_length": constrained_length,
+        "unconstrained_valid_fraction": unconstrained_valid,
+        "constrained_valid_fraction": constrained_valid,
+        "repeats": repeats,
+    }
+    if predict_batch:  # as used, with the early stop: a random model's unconstrained search stops after ~2 steps
+        early = _time_pair(decoder.search(num_beams=beams, max_decode_len=length, stop_early=True), params,
+                           queries, trie, repeats=repeats)
+        line.update({
+            "predict_batch_unconstrained_s": early["unconstrained"],
+            "predict_batch_constrained_s": early["constrained"],
+            "predict_batch_unconstrained_best_output_length":
+                outputs(decoder.search(num_beams=beams, max_decode_len=length, stop_early=True)(
+                    params, queries, None))[0],
+        })
+    return line
+
+
+def run_model_part(args: argparse.Namespace) -> None:
+    processor, vocab_path = load_vocabulary(args.vocab)
+    dtype = args.dtype or ("float32" if jax.default_backend() == "cpu" else "bfloat16")
+    jax.block_until_ready(Trie.build(np.array([[3, EOS_ID]]), vocab_size=args.model_vocab_size))  # warm-up
+    for name in args.models:
+        decoder = ModelDecoder(name=name, vocab_size=args.model_vocab_size, dtype=dtype,
+                               query_length=args.query_length, seed=args.seed)
+        for scheme in args.schemes:
+            for num_docids in args.num_docids or [10_000, 100_000, 1_000_000, MSMARCO_PASSAGES]:
+                start = time.perf_counter()
+                if scheme == "pids":
+                    table = pid_docid_table(processor, num_docids=num_docids)
+                else:
+                    table = semantic_id_table(np.random.default_rng(args.seed), num_docids=num_docids,
+                                              digits=digit_tokens(processor))
+                docid_set_s = time.perf_counter() - start
+                start = time.perf_counter()
+                trie = jax.block_until_ready(Trie.build(table.tokens, vocab_size=args.model_vocab_size,
+                                                        sparse_fanout=args.sparse_fanout))
+                trie_build_s = time.perf_counter() - start
+                for batch in args.batch or [16, 64]:
+                    for beams in args.beams or [10, 40]:
+                        line = run_model_setting(
+                            decoder=decoder, table=table, trie=trie, scheme=scheme, docid_set_s=docid_set_s,
+                            trie_build_s=trie_build_s, batch=batch, beams=beams, query_length=args.query_length,
+                            query_vocab=processor.get_piece_size(), repeats=args.repeats or 5, seed=args.seed,
+                            predict_batch=args.predict_batch)
+                        print(json.dumps({**line, "vocab": pathlib.Path(vocab_path).name}), flush=True)
+                del table, trie
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Part 2: the constraint alone, against the host-callback pattern of research code
+# ---------------------------------------------------------------------------------------------------------
+
+def random_docid_rows(rng: np.random.Generator, *, num_docids: int, vocab_size: int, length: int) -> np.ndarray:
+    """int32[num_docids, length + 1]: distinct random docids of `length` content tokens, then EOS."""
+    content = np.unique(rng.integers(2, vocab_size, (num_docids, length), dtype=np.int32), axis=0)
+    while len(content) < num_docids:  # collisions are rare; top up
+        extra = rng.integers(2, vocab_size, (num_docids - len(content), length), dtype=np.int32)
+        content = np.unique(np.concatenate([content, extra]), axis=0)
+    content = content[rng.permutation(num_docids)]
+    return np.concatenate([content, np.full((num_docids, 1), EOS_ID, np.int32)], axis=1)
+
+
+class GenreTrie:
+    """GENRE's `genre.trie.Trie`: nested dicts token -> subtree, queried by `get(prefix) -> allowed next ids`.
+
+    Sequences start with the decoder start token, as GENRE builds them, since HF passes the decoder inputs
+    (start token first) to `prefix_allowed_tokens_fn`. `get` is GENRE's `_get_from_trie` (recursive, slicing
+    the prefix); the build is iterative (the same dicts, faster to make; its time is not in the ratio).
+    """
+
+    def __init__(self, sequences: list[list[int]]):
+        self.trie_dict: dict = {}
+        for sequence in sequences:
+            node = self.trie_dict
+            for token in sequence:
+                node = node.setdefault(token, {})
+
+    def get(self, prefix_sequence: list[int]) -> list[int]:
+        return GenreTrie._get_from_trie(prefix_sequence, self.trie_dict)
+
+    @staticmethod
+    def _get_from_trie(prefix_sequence: list[int], trie_dict: dict) -> list[int]:
+        if len(prefix_sequence) == 0:
+            return list(trie_dict.keys())
+        if prefix_sequence[0] in trie_dict:
+            return GenreTrie._get_from_trie(prefix_sequence[1:], trie_dict[prefix_sequence[0]])
+        return []
+
+
+def prefix_constrained_mask(prefix_allowed_tokens_fn: Callable[[int, np.ndarray], list[int]], num_beams: int,
+                            input_ids: np.ndarray, scores_shape: tuple[int, int]) -> np.ndarray:
+    """HF's `PrefixConstrainedLogitsProcessor.__call__`: float32[rows, vocab], 0 where allowed.
+
+    One `prefix_allowed_tokens_fn(batch_id, sent)` call per beam, its list scattered into the row. (HF since
+    4.39 raises on an empty list; here such a row stays all -inf: that beam dies, as in older versions.)
+    """
+    mask = np.full(scores_shape, -np.inf, np.float32)
+    for batch_id, beam_sent in enumerate(input_ids.reshape(-1, num_beams, input_ids.shape[-1])):
+        for beam_id, sent in enumerate(beam_sent):
+            mask[batch_id * num_beams + beam_id, prefix_allowed_tokens_fn(batch_id, sent)] = 0
+    return mask
+
+
+def host_callback_step_fn(*, logits_table: jax.Array, trie: GenreTrie, num_beams: int) -> Callable:
+    """A step_fn applying the host-side constraint at every step: the research-code pattern inside `jax.jit`.
+
+    The beams' decoder inputs so far ride in the beam-search cache as `input_ids` int32[rows, max_decode_len]
+    (column p: the input at position p, i.e. the start token PAD, then the decoded tokens), which beam search
+    reorders with the beams as HF reorders its `input_ids`. One `jax.pure_callback` per step sends them to
+    the host, runs HF's processor with GENRE's function and returns the mask, added to the log-probs (after
+    the log-softmax, as in HF: run beam search with `step_fn_returns_log_probs=True`, so that the scores are
+    the model's log-likelihoods as ours are, and both searches rank the same docids).
+    """
+    rows, vocab_size = logits_table.shape[1:]
+
+    def allowed_tokens(batch_id: int, sent: np.ndarray) -> list[int]:  # GENRE's prefix_allowed_tokens_fn
+        return trie.get(sent.tolist())
+
+    def host_mask(input_ids: np.ndarray, position: np.ndarray) -> np.ndarray:
+        return prefix_constrained_mask(allowed_tokens, num_beams, input_ids[:, :int(position) + 1],
+                                       (rows, vocab_size))
+
+    def step_fn(tokens: jax.Array, position: jax.Array, cache: dict) -> tuple[jax.Array, dict]:
+        input_ids = cache["input_ids"].at[:, position].set(tokens)  # at position 0, tokens is the start token
+        mask = jax.pure_callback(host_mask, jax.ShapeDtypeStruct((rows, vocab_size), jnp.float32), input_ids,
+                                 position)
+        return jax.nn.log_softmax(logits_table[position]) + mask, {"input_ids": input_ids}
+
+    return step_fn
+
+
 def run_constraint(*, num_docids: int, vocab_size: int, docid_length: int, batch: int, beams: int,
                    sparse_fanout: int, repeats: int, rows: np.ndarray, trie: Trie, build_s: float,
-                   host_trie: dict, host_build_s: float, seed: int) -> dict:
+                   host_trie: GenreTrie, host_build_s: float, seed: int) -> dict:
     rows_n = batch * beams
     max_decode_len = docid_length + 1
     logits_table = jax.random.normal(jax.random.PRNGKey(seed), (max_decode_len, rows_n, vocab_size), jnp.float32) * 3
@@ -97,17 +415,10 @@ def run_constraint(*, num_docids: int, vocab_size: int, docid_length: int, batch
 
     ours = jax.jit(functools.partial(beam_search, step_fn=random_logits, batch_size=batch, num_beams=beams,
                                      max_decode_len=max_decode_len))
-
-    def host_constrained(tokens, position, cache):
-        prefix = cache["prefix"].at[:, jnp.maximum(position - 1, 0)].set(
-            jnp.where(position > 0, tokens, cache["prefix"][:, 0]))
-        mask = jax.pure_callback(functools.partial(host_allowed_mask, host_trie, vocab_size),
-                                 jax.ShapeDtypeStruct((rows_n, vocab_size), jnp.bool_), prefix, position)
-        return jnp.where(mask, logits_table[position], -1e9), {"prefix": prefix}
-
-    host = jax.jit(functools.partial(beam_search, step_fn=host_constrained, batch_size=batch, num_beams=beams,
-                                     max_decode_len=max_decode_len))
-    host_cache = {"prefix": jnp.zeros((rows_n, max_decode_len), jnp.int32)}
+    host = jax.jit(functools.partial(
+        beam_search, step_fn=host_callback_step_fn(logits_table=logits_table, trie=host_trie, num_beams=beams),
+        batch_size=batch, num_beams=beams, max_decode_len=max_decode_len, step_fn_returns_log_probs=True))
+    host_cache = {"input_ids": jnp.zeros((rows_n, max_decode_len), jnp.int32)}
 
     start = time.perf_counter()
     ours_result = jax.block_until_ready(ours(cache={}, trie=trie))
@@ -123,12 +434,14 @@ def run_constraint(*, num_docids: int, vocab_size: int, docid_length: int, batch
     ours_s, host_s = statistics.median(ours_times), statistics.median(host_times)
 
     leaves = np.asarray(trie.leaf_indices(ours_result.sequences.reshape(rows_n, max_decode_len)))
-    host_found = np.asarray(host_result.scores).reshape(-1) > -1e8  # beams that never took a masked token
+    host_found = np.isfinite(np.asarray(host_result.scores)).reshape(-1)  # beams that never took a masked token
     host_leaves = np.asarray(trie.leaf_indices(host_result.sequences.reshape(rows_n, max_decode_len)))
+    # Both searches score docids by the model's log-probs: they should return the same docids, in the same order.
+    same_docids = float((leaves == host_leaves).mean())
+    score_gap = float(np.max(np.abs(np.asarray(ours_result.scores) - np.asarray(host_result.scores))))
     return {
         "part": "constraint",
-        "backend": jax.default_backend(),
-        "device": str(jax.devices()[0].device_kind),
+        **_device_fields(),
         "num_docids": num_docids,
         "vocab_size": vocab_size,
         "docid_length": docid_length,
@@ -144,13 +457,39 @@ def run_constraint(*, num_docids: int, vocab_size: int, docid_length: int, batch
         "ours_first_call_s": round(ours_first_call_s, 3),
         "ours_search_s": ours_s,
         "host_callback_search_s": host_s,
+        "host_callback_ms_per_step_per_beam": 1e3 * host_s / (max_decode_len * rows_n),
         "unconstrained_search_s": statistics.median(unconstrained_times),
         "ratio_host_callback_over_ours": round(host_s / ours_s, 2),
         "ours_valid_docid_fraction": float((leaves >= 0).mean()),
         "host_callback_valid_docid_fraction": float((host_leaves[host_found] >= 0).mean()),
+        "same_docids_ours_host": same_docids,
+        "max_score_difference_ours_host": score_gap,
         "repeats": repeats,
     }
 
+
+def run_constraint_part(args: argparse.Namespace) -> None:
+    num_docids = (args.num_docids or [1_000_000])[0]
+    rows = random_docid_rows(np.random.default_rng(args.seed), num_docids=num_docids, vocab_size=args.vocab_size,
+                             length=args.docid_length)
+    jax.block_until_ready(jnp.zeros(1))  # start the backend outside the timing
+    start = time.perf_counter()
+    trie = jax.block_until_ready(Trie.build(rows, vocab_size=args.vocab_size, sparse_fanout=args.sparse_fanout))
+    build_s = time.perf_counter() - start
+    start = time.perf_counter()
+    host_trie = GenreTrie([[PAD_ID, *row] for row in rows.tolist()])
+    host_build_s = time.perf_counter() - start
+    for beams in args.beams or [70]:
+        print(json.dumps(run_constraint(
+            num_docids=num_docids, vocab_size=args.vocab_size, docid_length=args.docid_length,
+            batch=(args.batch or [2])[0], beams=beams, sparse_fanout=args.sparse_fanout, repeats=args.repeats or 10,
+            rows=rows, trie=trie, build_s=build_s, host_trie=host_trie, host_build_s=host_build_s,
+            seed=args.seed)), flush=True)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The trie build at MS MARCO scale
+# ---------------------------------------------------------------------------------------------------------
 
 def digit_encoder(text: str) -> list[int]:
     """One token per digit, '0' -> 3 .. '9' -> 12 (the ids after PAD, EOS, UNK)."""
@@ -164,8 +503,6 @@ def run_build(*, num_docids: int, vocab: str | None, sparse_fanout: int) -> dict
     docids = [str(pid) for pid in range(num_docids)]
     start = time.perf_counter()
     if vocab:
-        import sentencepiece as spm  # noqa: PLC0415 (only this mode needs it)
-
         processor = spm.SentencePieceProcessor(model_file=vocab)
         table = naive_docid_table(docids=docids, encode=processor.encode, batched=True)
         vocab_size = processor.get_piece_size()
@@ -200,38 +537,39 @@ def run_build(*, num_docids: int, vocab: str | None, sparse_fanout: int) -> dict
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--part", choices=("constraint", "build"), required=True)
-    parser.add_argument("--num-docids", type=int, default=None,
-                        help="default: 1,000,000 (constraint) or 8,841,823 (build)")
-    parser.add_argument("--vocab-size", type=int, default=2048, help="constraint: vocabulary of the random docids")
-    parser.add_argument("--docid-length", type=int, default=8, help="constraint: tokens per docid before EOS")
-    parser.add_argument("--batch", type=int, default=2)
-    parser.add_argument("--beams", type=int, nargs="+", default=[70])
-    parser.add_argument("--sparse-fanout", type=int, default=30, help="the trie's K: children expanded per beam")
-    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--part", choices=("model", "constraint", "build"), required=True)
+    parser.add_argument("--num-docids", type=int, nargs="+", default=None,
+                        help="default: 10k 100k 1M 8.8M (model), 1M (constraint), 8,841,823 (build)")
+    parser.add_argument("--batch", type=int, nargs="+", default=None, help="default: 16 64 (model), 2 (constraint)")
+    parser.add_argument("--beams", type=int, nargs="+", default=None, help="default: 10 40 (model), 70 (constraint)")
+    parser.add_argument("--sparse-fanout", type=int, default=None,
+                        help="the trie's K: children expanded per beam (default 32 for model, 30 for constraint)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed calls per setting (default 5 / 10)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--vocab", default=None, help="build: a SentencePiece model (default: one token per digit)")
+    parser.add_argument("--vocab", default=None, help="a SentencePiece model (model: default "
+                        "data/wordnet_food/spm.model or one trained here; build: default one token per digit)")
+    model = parser.add_argument_group("model part")
+    model.add_argument("--models", nargs="+", choices=sorted(MODEL_GINS), default=["tiny", "small"])
+    model.add_argument("--schemes", nargs="+", choices=("pids", "semantic"), default=["pids", "semantic"])
+    model.add_argument("--model-vocab-size", type=int, default=32128, help="the model's vocabulary (T5's 32,128)")
+    model.add_argument("--query-length", type=int, default=32)
+    model.add_argument("--dtype", default=None, help="activations: default float32 on CPU, bfloat16 elsewhere")
+    model.add_argument("--predict-batch", action=argparse.BooleanOptionalAction, default=True,
+                       help="also time predict_batch as is (with its early stop)")
+    constraint = parser.add_argument_group("constraint part")
+    constraint.add_argument("--vocab-size", type=int, default=2048, help="vocabulary of the random docids")
+    constraint.add_argument("--docid-length", type=int, default=8, help="tokens per docid before EOS")
     args = parser.parse_args(argv)
 
-    if args.part == "build":
-        print(json.dumps(run_build(num_docids=args.num_docids or MSMARCO_PASSAGES, vocab=args.vocab,
-                                   sparse_fanout=args.sparse_fanout)), flush=True)
-        return
-    num_docids = args.num_docids or 1_000_000
-    rows = random_docid_rows(np.random.default_rng(args.seed), num_docids=num_docids, vocab_size=args.vocab_size,
-                             length=args.docid_length)
-    jax.block_until_ready(jnp.zeros(1))  # start the backend outside the timing
-    start = time.perf_counter()
-    trie = jax.block_until_ready(Trie.build(rows, vocab_size=args.vocab_size, sparse_fanout=args.sparse_fanout))
-    build_s = time.perf_counter() - start
-    start = time.perf_counter()
-    host_trie = dict_trie(rows)
-    host_build_s = time.perf_counter() - start
-    for beams in args.beams:
-        print(json.dumps(run_constraint(
-            num_docids=num_docids, vocab_size=args.vocab_size, docid_length=args.docid_length, batch=args.batch,
-            beams=beams, sparse_fanout=args.sparse_fanout, repeats=args.repeats, rows=rows, trie=trie,
-            build_s=build_s, host_trie=host_trie, host_build_s=host_build_s, seed=args.seed)), flush=True)
+    if args.part == "model":
+        args.sparse_fanout = args.sparse_fanout or 32
+        run_model_part(args)
+    elif args.part == "constraint":
+        args.sparse_fanout = args.sparse_fanout or 30
+        run_constraint_part(args)
+    else:
+        print(json.dumps(run_build(num_docids=(args.num_docids or [MSMARCO_PASSAGES])[0], vocab=args.vocab,
+                                   sparse_fanout=args.sparse_fanout or 32)), flush=True)
 
 
 if __name__ == "__main__":
