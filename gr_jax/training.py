@@ -72,6 +72,11 @@ class DatasetConfig:
         import tasks
         return tasks.mixture_name(name=self.name, row=self.row, docid_scheme=self.docid_scheme)
 
+    def target_vocab_size(self) -> int:
+        """Token ids the targets use (2D semantic and atomic docids go past the SentencePiece pieces)."""
+        import tasks
+        return tasks.docid_vocab_size(name=self.name, docid_scheme=self.docid_scheme)
+
 
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
@@ -119,12 +124,10 @@ class Experiment:
 
     def build(self, *, keep_checkpoints: int = 3) -> "Built":
         """Registers the tasks, loads the vocabulary, and builds model, mesh and trainer (no allocation)."""
-        import tasks
         self.dataset.register()
         vocabulary = load_vocabulary(self.dataset.vocabulary_file)
         model = build_model(config=self.network_config, vocabulary=vocabulary, z_loss=self.z_loss,
-                            docid_vocab_size=tasks.docid_vocab_size(name=self.dataset.name,
-                                                                    docid_scheme=self.dataset.docid_scheme))
+                            docid_vocab_size=self.dataset.target_vocab_size())
         mesh = partitioning.make_mesh(data=self.mesh_data, model=self.mesh_model)
         trainer = Trainer(model=model, optimizer=self.optimizer_factory(learning_rate=self.learning_rate),
                           mesh=mesh, input_length=self.dataset.input_length,

@@ -80,6 +80,9 @@ class Doc2QueryDataset(training.DatasetConfig):
         from tasks import doc2query as doc2query_tasks
         return doc2query_tasks.doc2query_task_name(name=self.name)
 
+    def target_vocab_size(self) -> int:
+        return 0  # Queries are SentencePiece text: the vocabulary alone sizes the model.
+
 
 # --- Training -----------------------------------------------------------------------------------------------
 
