@@ -46,6 +46,8 @@ def summarize_metrics(sums: Mapping[str, Any]) -> dict[str, float]:
         "token_accuracy": sums.get("correct_tokens", 0.0) / weight,
         "sequence_accuracy": sums.get("correct_sequences", 0.0) / max(sums.get("num_sequences", 0.0), 1.0),
     }
+    if "consistency_loss" in sums:  # NCI's regulariser (T5Config.consistency_weight > 0)
+        out["consistency_loss"] = sums["consistency_loss"] / weight
     for key in ("learning_rate", "grad_norm"):
         if key in sums:
             out[key] = sums[key]

@@ -417,7 +417,7 @@ def test_new_output_heads_are_fresh_and_the_rest_pretrained(tmp_path, mesh, head
     weights = hf_weights(14)
     directory = write_checkpoint(tmp_path / "ckpt", weights, hf_config())
     if head == "atomic":  # One output column per docid (+ PAD, EOS), no logits_dense.
-        config = our_config(decoder_head="atomic", output_vocab_size=62)
+        config = our_config(decoder_head="atomic", docid_vocab_start=VOCAB - 2, docid_vocab_size=60)
     else:  # 2D semantic docid tokens appended after the text vocabulary; a randomly initialised PAWA stack.
         config = our_config(decoder_head="pawa", vocab_size=2 * VOCAB, docid_vocab_start=VOCAB,
                             docid_vocab_size=100)

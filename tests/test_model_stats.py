@@ -1,0 +1,112 @@
+"""tools.model_stats (the study's Table 4): parameter counts by hand, FLOPs against a count of the matmuls."""
+import dataclasses
+
+import pytest
+
+from gr_jax import network
+from tools import model_stats
+
+INPUT_LENGTH, BEAMS = 16, 4
+
+
+@pytest.fixture(scope="module")
+def tiny_records():
+    return {record["row"]: record for record in model_stats.main(["--tiny", "--json"])}
+
+
+def _hand_params(cfg: network.T5Config) -> int:
+    d, h, k, m, v = cfg.emb_dim, cfg.num_heads, cfg.head_dim, cfg.mlp_dim, cfg.vocab_size
+    attention, mlp = 4 * d * h * k, 3 * d * m
+    decoder_layer = 2 * attention + mlp + 3 * d
+    trunk = (v * d + cfg.num_encoder_layers * (attention + mlp + 2 * d) + d
+             + cfg.num_decoder_layers * decoder_layer + d + 2 * h * cfg.relative_attention_num_buckets)
+    if cfg.decoder_head == "atomic":
+        return trunk + d * 128 * -(-cfg.docid_vocab_size // 128)  # one column per docid, padded to 128
+    head = d * v
+    if cfg.decoder_head == "pawa":
+        head += cfg.num_pawa_layers * decoder_layer + d + h * cfg.relative_attention_num_buckets + d ** 3
+    return trunk + head
+
+
+def _matmul_flops_per_step(cfg: network.T5Config, *, rows: int, max_len: int, src_len: int) -> int:
+    """2 x the multiply-adds of one decoder step (projections, attention against the cache and the encoder, MLP,
+    output layer; PAWA: its stack, the generated M_t and h_t M_t)."""
+    d, h, k, m = cfg.emb_dim, cfg.num_heads, cfg.head_dim, cfg.mlp_dim
+    layer = 4 * d * h * k + 2 * h * k * max_len + 2 * d * h * k + 2 * h * k * src_len + 3 * d * m
+    columns = cfg.atomic_columns if cfg.decoder_head == "atomic" else cfg.logits_vocab_size
+    macs = (cfg.num_decoder_layers + cfg.num_pawa_layers) * layer + d * columns
+    if cfg.decoder_head == "pawa":
+        macs += d ** 3 + d * d
+    return 2 * rows * macs
+
+
+def _matmul_flops_prefill(cfg: network.T5Config, *, src_len: int) -> int:
+    d, h, k, m = cfg.emb_dim, cfg.num_heads, cfg.head_dim, cfg.mlp_dim
+    encoder = cfg.num_encoder_layers * src_len * (4 * d * h * k + 2 * h * k * src_len + 3 * d * m)
+    cross_kv = (cfg.num_decoder_layers + cfg.num_pawa_layers) * src_len * 2 * d * h * k
+    return 2 * (encoder + cross_kv)
+
+
+def test_tiny_rows_param_counts_equal_a_hand_count(tiny_records):
+    rows = {row.key: row for row in model_stats.tiny_rows()}
+    assert set(tiny_records) == set(rows) == {"tiny_atomic", "tiny_naive", "tiny_pawa"}
+    for key, row in rows.items():
+        assert tiny_records[key]["params"] == _hand_params(row.config) == model_stats.param_count(row.config), key
+
+
+def test_tiny_rows_flops_agree_with_the_matmul_count(tiny_records):
+    """XLA counts the matmuls (2 per multiply-add) plus a little elementwise work; the loop is counted per step."""
+    for row in model_stats.tiny_rows():
+        record, cfg = tiny_records[row.key], row.config
+        assert record["input_length"] == INPUT_LENGTH and record["num_beams"] == BEAMS
+        if cfg.decoder_head == "atomic":
+            expected = (_matmul_flops_prefill(dataclasses.replace(cfg, num_decoder_layers=0), src_len=INPUT_LENGTH)
+                        + _matmul_flops_per_step(cfg, rows=1, max_len=1, src_len=INPUT_LENGTH)
+                        + 2 * cfg.num_decoder_layers * INPUT_LENGTH * 2 * cfg.emb_dim * cfg.num_heads * cfg.head_dim)
+            assert 1.0 <= record["flops"] / expected < 1.25, (row.key, record["flops"], expected)
+            assert record["uncached_flops"] == BEAMS * record["flops"]
+            continue
+        steps = row.decode_steps
+        step = _matmul_flops_per_step(cfg, rows=BEAMS, max_len=steps, src_len=INPUT_LENGTH)
+        prefill = _matmul_flops_prefill(cfg, src_len=INPUT_LENGTH)
+        assert 1.0 <= record["step_flops"] / step < 1.25, (row.key, record["step_flops"], step)
+        assert 1.0 <= record["prefill_flops"] / prefill < 1.25, (row.key, record["prefill_flops"], prefill)
+        # The while loop's body is counted once by XLA; the total adds the other steps: prefill + steps x step,
+        # plus the search's own bookkeeping (top-k, reordering: little arithmetic).
+        at_least = record["prefill_flops"] + steps * record["step_flops"]
+        assert 1.0 <= record["flops"] / at_least < 1.1, (row.key, record["flops"], at_least)
+        assert record["uncached_flops"] == pytest.approx(
+            BEAMS * record["prefill_flops"] + steps * (steps + 1) / 2 * record["step_flops"])
+    # PAWA's generated projections make its steps dearer than the standard head's.
+    assert tiny_records["tiny_pawa"]["step_flops"] > 2 * tiny_records["tiny_naive"]["step_flops"]
+
+
+def test_table_explains_differences_with_the_study():
+    rows = model_stats.study_rows(naive_length=8, semantic2d_length=8)
+    assert [row.key for row in rows] == ["base_atomic", "base_naive", "base_pawa", "large_naive", "large_pawa",
+                                         "xl_naive", "xxl_naive"]
+    base = next(row for row in rows if row.key == "base_naive").config
+    assert (base.emb_dim, base.num_encoder_layers, base.mlp_dim, base.vocab_size) == (768, 12, 2048, 32128)
+    # Parameter counts need no compilation: check the study's sizes and that the >5% one is explained.
+    counts = {row.key: model_stats.param_count(row.config) for row in rows}
+    assert counts["base_naive"] == 247_577_856  # T5.1.1-Base
+    assert counts["base_atomic"] == pytest.approx(7.0e9, rel=0.01)  # 6.8B of them: 8.8M docids x 768
+    fake = [(row, model_stats.Stats(params=counts[row.key], flops=row.study_flops / 10,
+                                    encoder_flops=1.0, step_flops=1.0, uncached_flops=row.study_flops / 2))
+            for row in rows]
+    table = model_stats.format_table(fake, input_length=64, num_beams=40)
+    for row in rows:
+        assert row.label in table
+        if abs(counts[row.key] / row.study_params - 1) > 0.05:
+            assert f"* {row.label}: params:" in table, row.key
+    assert "+12.5%" in table and "T5 1.0-Base" in table
+    assert "FLOPs: the study's numbers are 10.0x to 10.0x ours" in table and "within 50%" in table
+    assert table.count("FLOPs (T5-") == 2  # the two PAWA rows' remaining gap
+    exact = [(row, dataclasses.replace(stats, uncached_flops=row.study_flops)) for row, stats in fake]
+    assert "FLOPs (T5-" not in model_stats.format_table(exact, input_length=64, num_beams=40)
+
+
+def test_unknown_rows_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        model_stats.main(["--tiny", "--rows", "tiny_nothing"])
+    assert "unknown row(s) ['tiny_nothing']" in capsys.readouterr().err
