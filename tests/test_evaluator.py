@@ -1,5 +1,7 @@
 """RetrievalEvaluator on a random-init micro model: rankings against brute-force scoring of every docid (the
 padded last batch included), invalid outputs in unconstrained mode against the DocidTable's own lookup."""
+import math
+
 import jax
 import numpy as np
 import pytest
@@ -102,7 +104,7 @@ def test_constrained_run_ranks_every_docid_as_brute_force_scoring(setup):
     assert metrics["Recall@1"] == pytest.approx(np.mean([i % 3 == 0 for i in range(len(QUERIES))]))
     assert metrics["invalid_docid_rate"] == 0.0
     assert metrics["num_queries"] == len(QUERIES)
-    assert metrics["queries_per_second"] > 0 and metrics["compile_seconds"] > 0
+    assert all(math.isfinite(metrics[k]) for k in ("queries_per_second", "compile_seconds"))  # reported, not limited
 
 
 def test_unconstrained_invalid_outputs_are_named_and_counted(setup):
