@@ -12,15 +12,13 @@ size, the vocabulary size the model needs, timings and the tree's balance diagno
 from __future__ import annotations
 
 import argparse
-import json
-import logging
 import pathlib
-import sys
 import time
 from collections.abc import Sequence
 
 from gr_jax import semantic_ids
-from gr_jax.data.readers import DataFormatError, open_dataset
+from gr_jax.cli import run_tool
+from gr_jax.data.readers import open_dataset
 from gr_jax.encoders import Encoder
 from gr_jax.vocabulary import load_vocabulary
 
@@ -92,17 +90,11 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> dict:
     args = _parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     embeddings_path = None if args.no_embeddings_cache else (
         args.embeddings or pathlib.Path(args.data_dir) / EMBEDDINGS_FILENAME)
-    try:
-        report = build(data_dir=args.data_dir, scheme=args.scheme, k=args.k, c=args.c, seed=args.seed,
-                       nredo=args.nredo, embeddings_path=embeddings_path, batch_size=args.batch_size,
-                       encoder_batch_size=args.encoder_batch_size, show_progress=not args.no_progress)
-    except (FileNotFoundError, DataFormatError, ValueError) as e:
-        sys.exit(f"error: {e}")
-    print(json.dumps(report), flush=True)
-    return report
+    return run_tool(lambda: build(data_dir=args.data_dir, scheme=args.scheme, k=args.k, c=args.c, seed=args.seed,
+                                  nredo=args.nredo, embeddings_path=embeddings_path, batch_size=args.batch_size,
+                                  encoder_batch_size=args.encoder_batch_size, show_progress=not args.no_progress))
 
 
 if __name__ == "__main__":

@@ -28,10 +28,10 @@ import logging
 import os
 import pathlib
 import re
-import sys
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 
+from gr_jax.cli import run_tool
 from gr_jax.data.readers import DataFormatError, read_lines, write_tsv
 
 DEFAULT_WORDNET_DIR = "/usr/share/wordnet"
@@ -373,15 +373,11 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> dict:
     args = _parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        summary = build_reverse_dictionary(wordnet_dir=args.wordnet_dir, lexfiles=args.lexfiles,
-                                           out_dir=args.out_dir, coverage=args.coverage,
-                                           dev_fraction=args.dev_fraction, seed=args.seed, overwrite=args.overwrite)
-    except (FileNotFoundError, FileExistsError, ValueError) as e:
-        sys.exit(f"error: {e}")
-    print(json.dumps({"out_dir": str(args.out_dir), **summary}, indent=2), flush=True)
-    return summary
+    return run_tool(lambda: build_reverse_dictionary(wordnet_dir=args.wordnet_dir, lexfiles=args.lexfiles,
+                                                     out_dir=args.out_dir, coverage=args.coverage,
+                                                     dev_fraction=args.dev_fraction, seed=args.seed,
+                                                     overwrite=args.overwrite),
+                    report=lambda summary: {"out_dir": str(args.out_dir), **summary}, indent=2)
 
 
 if __name__ == "__main__":

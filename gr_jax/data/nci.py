@@ -50,7 +50,6 @@ import logging
 import os
 import pathlib
 import re
-import sys
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Literal
@@ -359,15 +358,11 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
+    from gr_jax.cli import run_tool
     args = _parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        summary = convert_nci(nci_dir=args.nci_dir, out_dir=args.out_dir, dataset=args.dataset, corpus=args.corpus,
-                              overwrite=args.overwrite)
-    except (FileNotFoundError, FileExistsError, ValueError) as e:
-        sys.exit(f"error: {e}")
-    print(json.dumps({"out_dir": str(args.out_dir), **summary}, indent=2), flush=True)
-    return summary
+    return run_tool(lambda: convert_nci(nci_dir=args.nci_dir, out_dir=args.out_dir, dataset=args.dataset,
+                                        corpus=args.corpus, overwrite=args.overwrite),
+                    report=lambda summary: {"out_dir": str(args.out_dir), **summary}, indent=2)
 
 
 if __name__ == "__main__":
