@@ -315,7 +315,8 @@ class EncoderLayer(nn.Module):
         self.mlp = Mlp(self.config)
         self.dropout = nn.Dropout(self.config.dropout_rate)
 
-    def __call__(self, x: Array, *, mask: Array, bias: Array, deterministic: bool) -> Array:
+    def __call__(self, x: Array, mask: Array, bias: Array, deterministic: bool) -> Array:
+        # Positional, so nn.remat can mark `deterministic` static (argument 4, counting self).
         h = self.pre_attention_norm(x)
         x = x + self.dropout(self.attention(h, h, mask=mask, bias=bias, deterministic=deterministic),
                              deterministic=deterministic)
@@ -337,7 +338,7 @@ class DecoderLayer(nn.Module):
         self.mlp = Mlp(cfg)
         self.dropout = nn.Dropout(cfg.dropout_rate)
 
-    def __call__(self, x: Array, encoded: Array, *, self_mask: Array, cross_mask: Array, bias: Array,
+    def __call__(self, x: Array, encoded: Array, self_mask: Array, cross_mask: Array, bias: Array,
                  deterministic: bool) -> Array:
         h = self.pre_self_attention_norm(x)
         y = self.self_attention(h, h, mask=self_mask, bias=bias, deterministic=deterministic)
@@ -399,7 +400,7 @@ class PawaDecoder(nn.Module):
 
     def setup(self):
         cfg = self.config
-        layer_cls = nn.remat(DecoderLayer) if cfg.remat else DecoderLayer
+        layer_cls = nn.remat(DecoderLayer, static_argnums=(6,)) if cfg.remat else DecoderLayer
         self.relpos = RelativePositionBias(cfg, bidirectional=False)
         self.layers = [layer_cls(cfg) for _ in range(cfg.num_pawa_layers)]
         self.norm = RMSNorm(cfg)
@@ -416,7 +417,7 @@ class PawaDecoder(nn.Module):
         bias = self.relpos(tgt_len, tgt_len)[None]
         x = self.dropout(embedded, deterministic=deterministic)
         for layer in self.layers:
-            x = layer(x, encoded, self_mask=self_mask, cross_mask=cross_mask, bias=bias, deterministic=deterministic)
+            x = layer(x, encoded, self_mask, cross_mask, bias, deterministic)
         return self.dropout(self.norm(x), deterministic=deterministic)
 
     def prefill(self, encoded: Array, *, max_decode_len: int) -> tuple[tuple, Array]:
@@ -456,11 +457,11 @@ class Transformer(nn.Module):
             raise ValueError("T5Config.vocab_size is unset (see T5Config.with_vocab_size).")
         self.token_embedder = _param(self, "token_embedder", nn.initializers.normal(stddev=1.0),
                                      (cfg.vocab_size, cfg.emb_dim), (VOCAB, EMBED), cfg.param_dtype)
-        layer_cls = nn.remat(EncoderLayer) if cfg.remat else EncoderLayer
+        layer_cls = nn.remat(EncoderLayer, static_argnums=(4,)) if cfg.remat else EncoderLayer
         self.encoder_relpos = RelativePositionBias(cfg, bidirectional=True)
         self.encoder_layers = [layer_cls(cfg) for _ in range(cfg.num_encoder_layers)]
         self.encoder_norm = RMSNorm(cfg)
-        dec_cls = nn.remat(DecoderLayer) if cfg.remat else DecoderLayer
+        dec_cls = nn.remat(DecoderLayer, static_argnums=(6,)) if cfg.remat else DecoderLayer
         self.decoder_relpos = RelativePositionBias(cfg, bidirectional=False)
         self.decoder_layers = [dec_cls(cfg) for _ in range(cfg.num_decoder_layers)]
         self.decoder_norm = RMSNorm(cfg)
@@ -491,7 +492,7 @@ class Transformer(nn.Module):
         bias = self.encoder_relpos(src_len, src_len)[None]
         x = self.dropout(self._embed(encoder_input_tokens), deterministic=deterministic)
         for layer in self.encoder_layers:
-            x = layer(x, mask=mask, bias=bias, deterministic=deterministic)
+            x = layer(x, mask, bias, deterministic)
         return self.dropout(self.encoder_norm(x), deterministic=deterministic)
 
     # --- Output heads ---------------------------------------------------------------------------------------
@@ -529,8 +530,7 @@ class Transformer(nn.Module):
         bias = self.decoder_relpos(tgt_len, tgt_len)[None]
         x = self.dropout(embedded, deterministic=deterministic)
         for layer in self.decoder_layers:
-            x = layer(x, encoded, self_mask=self_mask, cross_mask=cross_mask, bias=bias,
-                      deterministic=deterministic)
+            x = layer(x, encoded, self_mask, cross_mask, bias, deterministic)
         return self.dropout(self.decoder_norm(x), deterministic=deterministic)
 
     def decode(self, encoded: Array, encoder_input_tokens: Array, decoder_input_tokens: Array, *,
