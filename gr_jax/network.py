@@ -104,9 +104,10 @@ class T5Config:
         if self.decoder_head not in DECODER_HEADS:
             raise ValueError(f"decoder_head must be one of {DECODER_HEADS}, got {self.decoder_head!r}")
         if self.decoder_head in ("atomic", "pawa"):
-            if self.docid_vocab_start is None or self.docid_vocab_size is None:
-                raise ValueError(f"decoder_head={self.decoder_head!r} needs docid_vocab_start and docid_vocab_size: "
-                                 "the id range of the docid tokens its output layer is restricted to")
+            if (self.docid_vocab_start is None) != (self.docid_vocab_size is None):
+                raise ValueError(f"decoder_head={self.decoder_head!r}: set both docid_vocab_start and "
+                                 "docid_vocab_size, or neither (the entry points fill them from the docid table)")
+        if self.decoder_head in ("atomic", "pawa") and self.docid_vocab_start is not None:
             if self.docid_vocab_start <= EOS_ID or self.docid_vocab_size < 1:
                 raise ValueError(f"docid tokens must be ids above EOS={EOS_ID} (docid_vocab_start="
                                  f"{self.docid_vocab_start}) and at least one "
@@ -131,15 +132,24 @@ class T5Config:
             return 0
         return self.pawa_num_layers or max(1, self.num_decoder_layers // 2)
 
+    def check_docid_range(self) -> None:
+        """Raises unless the docid token range an 'atomic' or 'pawa' head needs is known."""
+        if self.decoder_head in ("atomic", "pawa") and self.docid_vocab_start is None:
+            raise ValueError(f"decoder_head={self.decoder_head!r} needs docid_vocab_start and docid_vocab_size, the "
+                             "id range of the docid tokens its output layer covers: bind them in gin, or let the "
+                             "entry point fill them from the docid table (gr_jax.training.build_model)")
+
     @property
     def atomic_columns(self) -> int:
         """Columns of the atomic head: docid_vocab_size padded to a multiple of 128 (padding columns are masked)."""
+        self.check_docid_range()
         return -(-self.docid_vocab_size // ATOMIC_COLUMNS_MULTIPLE) * ATOMIC_COLUMNS_MULTIPLE
 
     @property
     def logits_vocab_size(self) -> int:
         """Size of the decoded token space: decode_step's logits, the trie's vocabulary."""
         if self.decoder_head == "atomic" and self.output_vocab_size is None:
+            self.check_docid_range()
             return self.docid_vocab_start + self.docid_vocab_size
         size = self.output_vocab_size or self.vocab_size
         if size is None:
@@ -455,6 +465,7 @@ class Transformer(nn.Module):
         cfg = self.config
         if cfg.vocab_size is None:
             raise ValueError("T5Config.vocab_size is unset (see T5Config.with_vocab_size).")
+        cfg.check_docid_range()
         self.token_embedder = _param(self, "token_embedder", nn.initializers.normal(stddev=1.0),
                                      (cfg.vocab_size, cfg.emb_dim), (VOCAB, EMBED), cfg.param_dtype)
         layer_cls = nn.remat(EncoderLayer, static_argnums=(4,)) if cfg.remat else EncoderLayer

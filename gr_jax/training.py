@@ -77,6 +77,11 @@ class DatasetConfig:
         import tasks
         return tasks.docid_vocab_size(name=self.name, docid_scheme=self.docid_scheme)
 
+    def docid_token_range(self) -> Optional[tuple[int, int]]:
+        """[start, stop) of the docid token ids: the output range of an atomic head or a PAWA decoder."""
+        import tasks
+        return tasks.docid_token_range(name=self.name, docid_scheme=self.docid_scheme)
+
 
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
@@ -92,10 +97,25 @@ class NonFiniteLossError(FloatingPointError):
     """A training metric became NaN/inf; nothing after the last good checkpoint was saved."""
 
 
-def build_model(*, config: network.T5Config, vocabulary: Any, z_loss: float = 1e-4,
-                docid_vocab_size: int = 0) -> EncoderDecoderModel:
+def build_model(*, config: network.T5Config, vocabulary: Any, z_loss: float = 1e-4, docid_vocab_size: int = 0,
+                docid_token_range: Optional[tuple[int, int]] = None) -> EncoderDecoderModel:
     """Sizes the vocabulary from the SentencePiece model and the docid scheme (2D semantic and atomic docids use
-    token ids after the SentencePiece pieces), unless gin fixed it; a too-small fixed size is an error."""
+    token ids after the SentencePiece pieces), unless gin fixed it; a too-small fixed size is an error.
+
+    An atomic head or PAWA decoder left without its docid range (`docid_vocab_start`/`docid_vocab_size` None, as
+    the decoder gins leave it) covers the docid table's tokens, `docid_token_range` = [start, stop); a range fixed
+    in gin must contain them.
+    """
+    if config.decoder_head in ("atomic", "pawa") and docid_token_range is not None:
+        start, stop = docid_token_range
+        if config.docid_vocab_start is None:
+            config = dataclasses.replace(config, docid_vocab_start=start, docid_vocab_size=stop - start)
+        elif not config.docid_vocab_start <= start < stop <= config.docid_vocab_start + config.docid_vocab_size:
+            raise ValueError(f"the docid tokens [{start}, {stop}) are outside the {config.decoder_head} head's range "
+                             f"[{config.docid_vocab_start}, {config.docid_vocab_start + config.docid_vocab_size}) "
+                             "set in gin (DOCID_VOCAB_START, DOCID_VOCAB_SIZE); leave those unset to fill them "
+                             "from the docid table")
+    config.check_docid_range()
     needed = max(vocabulary.vocab_size, docid_vocab_size)
     if config.vocab_size is None:
         config = config.with_vocab_size(needed)
@@ -127,7 +147,8 @@ class Experiment:
         self.dataset.register()
         vocabulary = load_vocabulary(self.dataset.vocabulary_file)
         model = build_model(config=self.network_config, vocabulary=vocabulary, z_loss=self.z_loss,
-                            docid_vocab_size=self.dataset.target_vocab_size())
+                            docid_vocab_size=self.dataset.target_vocab_size(),
+                            docid_token_range=self.dataset.docid_token_range())
         mesh = partitioning.make_mesh(data=self.mesh_data, model=self.mesh_model)
         trainer = Trainer(model=model, optimizer=self.optimizer_factory(learning_rate=self.learning_rate),
                           mesh=mesh, input_length=self.dataset.input_length,

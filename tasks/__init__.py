@@ -11,6 +11,7 @@ from tasks.retrieval import (
     REPRESENTATIONS,
     ROW_IDS,
     Representation,
+    docid_token_range,
     docid_vocab_size,
     mixture_name,
     register_dataset,
@@ -20,4 +21,5 @@ from tasks.retrieval import (
 )
 
 __all__ = ["DOCID_SCHEMES", "MIXTURE_ROWS", "REPRESENTATIONS", "ROW_IDS", "Representation", "RepresentationOptions",
-           "docid_vocab_size", "mixture_name", "register_dataset", "row_name", "task_name", "unregister_dataset"]
+           "docid_token_range", "docid_vocab_size", "mixture_name", "register_dataset", "row_name", "task_name",
+           "unregister_dataset"]

@@ -157,6 +157,18 @@ def output_vocab_size(*, table: DocidTable, vocabulary: seqio.SentencePieceVocab
     return semantic_ids.output_vocab_size(table, vocab_size=vocabulary.vocab_size)
 
 
+def docid_token_range(table: DocidTable) -> tuple[int, int]:
+    """[start, stop) of the token ids the docids use, EOS and PAD aside: what an atomic or PAWA output layer covers.
+
+    Atomic: [vocab_size, vocab_size + N); semantic2d: the appended (position, value) tokens; naive and semantic:
+    the span of the digit pieces inside the vocabulary.
+    """
+    tokens = table.tokens[table.tokens > max(EOS_ID, PAD_ID)]
+    if not tokens.size:
+        raise ValueError("the docid table has no docid tokens (every row is only EOS)")
+    return int(tokens.min()), int(tokens.max()) + 1
+
+
 def docid_cache_path(data_dir: str | os.PathLike, scheme: str) -> pathlib.Path:
     return pathlib.Path(data_dir) / f"docids.{scheme}.tsv"
 

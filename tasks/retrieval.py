@@ -188,6 +188,7 @@ class _Registered:
     registration: _Registration
     names: tuple[str, ...]  # The providers it added.
     docid_vocab_size: int
+    docid_token_range: tuple[int, int]
 
 
 _REGISTERED: dict[tuple[str, str], _Registered] = {}  # key: (name, docid scheme)
@@ -287,7 +288,8 @@ def register_dataset(
         raise
     _REGISTERED[(name, docid_scheme)] = _Registered(
         registration=registration, names=tuple(names),
-        docid_vocab_size=docid_tables.output_vocab_size(table=table, vocabulary=vocabulary))
+        docid_vocab_size=docid_tables.output_vocab_size(table=table, vocabulary=vocabulary),
+        docid_token_range=docid_tables.docid_token_range(table))
     return names
 
 
@@ -300,17 +302,27 @@ def unregister_dataset(*, name: str, docid_scheme: str = "naive") -> list[str]:
     return list(registered.names)
 
 
+def _registered(name: str, docid_scheme: str) -> _Registered:
+    registered = _REGISTERED.get((name, docid_scheme))
+    if registered is None:
+        raise KeyError(f"dataset {name!r} with docid scheme {docid_scheme!r} is not registered "
+                       f"(registered: {sorted(_REGISTERED)}); call tasks.register_dataset first")
+    return registered
+
+
 def docid_vocab_size(*, name: str, docid_scheme: str = "naive") -> int:
     """Output vocabulary size a model needs for a registered dataset's targets (embedding / logits rows).
 
     The SentencePiece vocabulary's size, or more for schemes whose docid tokens are appended after it
     (semantic2d: one token per (position, value); atomic: one per document).
     """
-    registered = _REGISTERED.get((name, docid_scheme))
-    if registered is None:
-        raise KeyError(f"dataset {name!r} with docid scheme {docid_scheme!r} is not registered "
-                       f"(registered: {sorted(_REGISTERED)}); call tasks.register_dataset first")
-    return registered.docid_vocab_size
+    return _registered(name, docid_scheme).docid_vocab_size
+
+
+def docid_token_range(*, name: str, docid_scheme: str = "naive") -> tuple[int, int]:
+    """[start, stop) of the token ids a registered dataset's docids use (EOS aside): an atomic head's columns, the
+    PAWA decoder's output vocabulary (`T5Config.docid_vocab_start` and `docid_vocab_size`)."""
+    return _registered(name, docid_scheme).docid_token_range
 
 
 def _unregister(names: Sequence[str]) -> None:

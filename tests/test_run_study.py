@@ -121,6 +121,12 @@ def test_cells_baselines_results_and_table(data_dir, tmp_path):
         "firstp_labeled", "naive", 5)
     assert bindings["training.EvalConfig.constrained"] is False
     assert bindings["network.T5Config.consistency_weight"] == 0.15
+    # The atomic scheme brings its output head.
+    atomic = run_study.Study(datasets=[run_study.Dataset("fixture_corpus", data_dir)], rows=[], schemes=["atomic"],
+                             size="tiny", steps=5, out_dir=out_dir).train_command(
+        run_study.Cell(run_study.Dataset("fixture_corpus", data_dir), run_study.parse_row("2a"), "atomic"))
+    assert [a for a in atomic if a.startswith("--gin_file")][2:] == ["--gin_file=decoders/atomic.gin"]
+    assert _bindings(atomic)["DOCID_SCHEME"] == "atomic"
 
     table = (out_dir / "results.md").read_text().splitlines()
     header = table.index("| Method | naive MRR@10 | naive R@1 | naive R@10 | semantic MRR@10 | semantic R@1 | "

@@ -1,4 +1,5 @@
 """Trainer and training loop: sharding, learning, exact resume, microbatches, NaN guard, entry points."""
+import dataclasses
 import json
 import math
 import pathlib
@@ -144,6 +145,25 @@ def test_non_finite_loss_stops_training_and_keeps_last_good_checkpoint(data_dir,
                        eval_config=NO_EVAL, progress=False)
     state, _ = experiment.build().restore()
     assert all(np.isfinite(x).all() for x in jax.tree.leaves(jax.device_get(state.params)))
+
+
+@pytest.mark.parametrize("head", ["atomic", "pawa"])
+def test_docid_head_range_is_filled_from_the_docid_table(data_dir, tmp_path, head):
+    experiment = _experiment(data_dir, tmp_path)
+    experiment = dataclasses.replace(
+        experiment, dataset=dataclasses.replace(experiment.dataset, docid_scheme="atomic"),
+        network_config=dataclasses.replace(experiment.network_config, decoder_head=head))
+    built = experiment.build()
+    num_docs = len((data_dir / "collection.tsv").read_text().splitlines())
+    cfg = built.model.config
+    # Atomic docid i is token 320 + i (the SentencePiece model has 320 pieces): exactly the table's tokens.
+    assert (cfg.docid_vocab_start, cfg.docid_vocab_size) == (320, num_docs)
+    assert cfg.vocab_size >= 320 + num_docs
+    # A range fixed in gin must contain the table's tokens.
+    narrow = dataclasses.replace(experiment, network_config=dataclasses.replace(
+        experiment.network_config, docid_vocab_start=321, docid_vocab_size=num_docs))
+    with pytest.raises(ValueError, match=r"docid tokens \[320, .*outside the .* head's range \[321"):
+        narrow.build()
 
 
 def test_train_eval_search_entry_points(data_dir, tmp_path, capsys):

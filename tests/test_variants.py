@@ -81,8 +81,11 @@ def test_bad_head_configurations_are_refused():
     with pytest.raises(ValueError, match="decoder_head must be one of"):
         dataclasses.replace(MICRO, decoder_head="adaptive")
     for head in ("atomic", "pawa"):
+        with pytest.raises(ValueError, match="set both docid_vocab_start and docid_vocab_size, or neither"):
+            dataclasses.replace(MICRO, decoder_head=head, docid_vocab_start=300)
+        unset = dataclasses.replace(MICRO, decoder_head=head)  # the entry points fill the range in later
         with pytest.raises(ValueError, match="needs docid_vocab_start and docid_vocab_size"):
-            dataclasses.replace(MICRO, decoder_head=head)
+            _params(unset)
     with pytest.raises(ValueError, match="does not cover the docid tokens"):
         dataclasses.replace(ATOMIC, output_vocab_size=ATOMIC_START + 10)
     with pytest.raises(ValueError, match="above EOS"):
@@ -400,6 +403,9 @@ def test_consistency_training_keeps_the_loss_finite_for_hundreds_of_steps():
      dict(decoder_head="atomic", docid_vocab_start=320, docid_vocab_size=1000, logits_vocab_size=1320)),
     ("pawa", ["DOCID_VOCAB_START = 320", "DOCID_VOCAB_SIZE = 70", "CONSISTENCY_LOSS = 'contrastive'"],
      dict(decoder_head="pawa", docid_vocab_start=320, docid_vocab_size=70, consistency_loss="contrastive")),
+    # Unbound, the range comes from the docid table (here its tokens are [320, 1320) and [320, 390)).
+    ("atomic", [], dict(decoder_head="atomic", docid_vocab_start=320, docid_vocab_size=1000, logits_vocab_size=1320)),
+    ("pawa", [], dict(decoder_head="pawa", docid_vocab_start=320, docid_vocab_size=70)),
 ])
 def test_decoder_gins_configure_the_model_the_entry_points_build(name, bindings, expected):
     gin.clear_config()
@@ -410,7 +416,9 @@ def test_decoder_gins_configure_the_model_the_entry_points_build(name, bindings,
         experiment = gin.get_configurable(training.Experiment)()
     finally:
         gin.clear_config()
-    model = training.build_model(config=experiment.network_config, vocabulary=types.SimpleNamespace(vocab_size=390))
+    table_range = {"standard": None, "atomic": (320, 1320), "pawa": (320, 390)}[name]
+    model = training.build_model(config=experiment.network_config, vocabulary=types.SimpleNamespace(vocab_size=390),
+                                 docid_vocab_size=table_range[1] if table_range else 0, docid_token_range=table_range)
     for key, value in expected.items():
         assert getattr(model.config, key) == value, key
     assert model.config.emb_dim == 256  # the size gin still sets the dimensions

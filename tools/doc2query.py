@@ -83,6 +83,9 @@ class Doc2QueryDataset(training.DatasetConfig):
     def target_vocab_size(self) -> int:
         return 0  # Queries are SentencePiece text: the vocabulary alone sizes the model.
 
+    def docid_token_range(self) -> None:
+        return None  # No docids: a doc2query model has the standard head.
+
 
 # --- Training -----------------------------------------------------------------------------------------------
 

@@ -85,11 +85,13 @@ class Variant:
 
 VARIANTS: dict[str, Variant] = {v.name: v for v in (
     Variant("unconstrained", "unconstrained decoding", bindings=("training.EvalConfig.constrained = False",)),
-    # These need their decoder gin's required macros (DOCID_VOCAB_START/SIZE, ATOMIC_OUTPUT_VOCAB_SIZE): --gin.X=...
+    # PAWA reads 2D semantic ids: use it with the semantic2d scheme.
     Variant("pawa", "PAWA decoder", gin_files=("decoders/pawa.gin",)),
     Variant("atomic", "atomic docid head", gin_files=("decoders/atomic.gin",)),
     Variant("consistency", "consistency loss", bindings=("network.T5Config.consistency_weight = 0.15",)),  # NCI's
 )}
+# Docid schemes whose cells need a decoder gin: the study's atomic ids have their own output head.
+SCHEME_GIN_FILES: dict[str, tuple[str, ...]] = {"atomic": ("decoders/atomic.gin",)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -259,8 +261,9 @@ class Study:
         return self.out_dir / cell.dataset.name / f"{cell.row.key}.{cell.scheme}"
 
     def train_command(self, cell: Cell) -> list[str]:
-        gin_files = [STUDY_GIN, f"models/t5_1_1/{self.size}.gin",
-                     *(f for v in cell.row.variants for f in v.gin_files), *self.gin_files]
+        variant_files = [f for v in cell.row.variants for f in v.gin_files]
+        scheme_files = [f for f in SCHEME_GIN_FILES.get(cell.scheme, ()) if f not in variant_files]
+        gin_files = [STUDY_GIN, f"models/t5_1_1/{self.size}.gin", *scheme_files, *variant_files, *self.gin_files]
         bindings = [f"DATA_DIR = {str(cell.dataset.data_dir)!r}", f"DATASET_NAME = {cell.dataset.name!r}",
                     f"MODEL_DIR = {str(self.cell_dir(cell).resolve())!r}", f"TRAIN_STEPS = {self.steps}",
                     f"MIXTURE_ROW = {cell.row.row.mixture_row!r}", f"DOCID_SCHEME = {cell.scheme!r}",
