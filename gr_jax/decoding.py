@@ -75,28 +75,37 @@ def _check_cache(cache: Any, *, rows: int, rows_are: str) -> None:
 
 
 def _call_step_fn(step_fn: StepFn, tokens: jax.Array, position: jax.Array, cache: Any, *,
-                  returns_log_probs: bool = False) -> tuple[jax.Array, Any]:
-    """Runs the model step and returns (log-probs float32[rows, vocab] over the full vocabulary, new cache)."""
+                  returns_log_probs: bool = False) -> tuple[jax.Array, jax.Array, Any]:
+    """Runs the model step: (logits float32[rows, vocab], log_normalizer float32[rows, 1], new cache).
+
+    A token's log-prob is `logits - log_normalizer` (the full-vocabulary log-softmax); only the candidates'
+    log-probs are formed, not a [rows, vocab] copy (a step_fn that returns log-probs has normalizer 0).
+    """
     logits, new_cache = step_fn(tokens, position, cache)
     if logits.ndim != 2 or logits.shape[0] != tokens.shape[0]:
         raise ValueError(f"step_fn must return logits [{tokens.shape[0]}, vocab], got {list(logits.shape)}")
     logits = logits.astype(jnp.float32)
-    return (logits if returns_log_probs else jax.nn.log_softmax(logits, axis=-1)), new_cache
+    if returns_log_probs:
+        return logits, jnp.zeros((logits.shape[0], 1), jnp.float32), new_cache
+    return logits, jax.nn.logsumexp(logits, axis=-1, keepdims=True), new_cache
 
 
 def _expansion_widths(trie: Trie) -> list[int]:
-    """Static widths for `trie.children`: K, 2K, 4K, ... below `max_fanout`, then `max_fanout`."""
+    """Static widths for `trie.children`: K, 2K, 4K, ... below `max_fanout`, then `max_fanout`, and each
+    level's largest fan-out above K (so a step never expands wider than its level needs)."""
     widths = [trie.sparse_fanout]
     while widths[-1] < trie.max_fanout:
         widths.append(min(2 * widths[-1], trie.max_fanout))
-    return widths
+    return sorted({*widths, *(f for f in trie.level_fanouts if f > trie.sparse_fanout)})
 
 
-def _allowed_continuations(log_probs: jax.Array, states: jax.Array, *, active: jax.Array, trie: Trie,
-                           select: Callable[[jax.Array, jax.Array, jax.Array], Any], width: int | None = None) -> Any:
+def _allowed_continuations(logits: jax.Array, log_normalizer: jax.Array, states: jax.Array, *, active: jax.Array,
+                           trie: Trie, select: Callable[[jax.Array, jax.Array, jax.Array], Any],
+                           width: int | None = None) -> Any:
     """Applies `select(values, tokens, next_states)` to each row's allowed next tokens.
 
-    log_probs: float32[rows, vocab]; states: int32[rows] trie states; active: bool[rows], the rows whose
+    logits: float32[rows, vocab] and log_normalizer float32[rows, 1] (log-probs = logits - log_normalizer,
+    see `_call_step_fn`); states: int32[rows] trie states; active: bool[rows], the rows whose
     result matters. `select` gets float32[rows, width] log-probs gathered at the tokens of
     `trie.children` (-inf in empty slots), with their tokens and next states int32[rows, width], where
     width is the smallest of `_expansion_widths` that holds every active row's children: K below the
@@ -105,7 +114,7 @@ def _allowed_continuations(log_probs: jax.Array, states: jax.Array, *, active: j
     """
     def expand(width: int) -> Any:
         tokens, next_states, valid = trie.children(states, width=width)
-        values = jnp.where(valid, jnp.take_along_axis(log_probs, tokens, axis=1), NEG_INF)
+        values = jnp.where(valid, jnp.take_along_axis(logits, tokens, axis=1) - log_normalizer, NEG_INF)
         return select(values, tokens, next_states)
 
     if width is not None:
@@ -186,13 +195,13 @@ def beam_search(
 
     def search_step(state: _BeamState) -> _BeamState:
         position = state.position
-        log_probs, cache = _call_step_fn(step_fn, state.last_tokens.reshape(rows), position, state.cache,
-                                         returns_log_probs=step_fn_returns_log_probs)
-        vocab = log_probs.shape[1]
+        logits, log_normalizer, cache = _call_step_fn(step_fn, state.last_tokens.reshape(rows), position,
+                                                      state.cache, returns_log_probs=step_fn_returns_log_probs)
+        vocab = logits.shape[1]
         flat_states = state.alive_states.reshape(rows)
 
         # Finished candidates: each alive beam followed by EOS.
-        eos_log_probs = log_probs[:, eos_id]
+        eos_log_probs = logits[:, eos_id] - log_normalizer[:, 0]
         if trie is not None:
             eos_log_probs = jnp.where(trie.eos_states(flat_states) != DEAD_STATE, eos_log_probs, NEG_INF)
         candidate_scores = final_score(state.alive_scores + eos_log_probs.reshape(batch, beams), position + 1)
@@ -218,12 +227,13 @@ def beam_search(
                 take = lambda x: jnp.take_along_axis(x.reshape(batch, -1), picked, axis=1)  # noqa: E731
                 return scores, picked // width, take(tokens), take(next_states)
 
-            source_log_probs = log_probs.reshape(batch, beams, vocab)[:, :sources].reshape(batch * sources, vocab)
+            source_logits = logits.reshape(batch, beams, vocab)[:, :sources].reshape(batch * sources, vocab)
+            source_normalizer = log_normalizer.reshape(batch, beams)[:, :sources].reshape(batch * sources, 1)
             if trie is None:  # top num_beams + 1 per beam first (one may be EOS): no [rows, vocab] copy
-                values, tokens = jax.lax.top_k(source_log_probs, min(beams + 1, vocab))
-                return select(values, tokens, jnp.zeros_like(tokens))
+                values, tokens = jax.lax.top_k(source_logits, min(beams + 1, vocab))
+                return select(values - source_normalizer, tokens, jnp.zeros_like(tokens))
             return _allowed_continuations(
-                source_log_probs, state.alive_states[:, :sources].reshape(batch * sources),
+                source_logits, source_normalizer, state.alive_states[:, :sources].reshape(batch * sources),
                 active=source_scores.reshape(-1) > NEG_INF, trie=trie, select=select,
                 width=trie.max_fanout if at_root else None)  # one row per query: full width is cheap
 
@@ -312,7 +322,7 @@ def sample(
 
     def sample_step(state: _SampleState) -> _SampleState:
         position = state.position
-        log_probs, cache = _call_step_fn(step_fn, state.last_tokens, position, state.cache)
+        logits, log_normalizer, cache = _call_step_fn(step_fn, state.last_tokens, position, state.cache)
 
         def select_sample(values: jax.Array, tokens: jax.Array, next_states: jax.Array):
             if values.shape[1] > top_k:
@@ -327,11 +337,12 @@ def sample(
             return pick(values), pick(tokens), pick(next_states)
 
         if trie is None:
-            values, tokens = jax.lax.top_k(log_probs, min(top_k, log_probs.shape[1]))
-            value, token, next_state = select_sample(values, tokens, jnp.zeros_like(tokens))
+            values, tokens = jax.lax.top_k(logits, min(top_k, logits.shape[1]))
+            value, token, next_state = select_sample(values - log_normalizer, tokens, jnp.zeros_like(tokens))
         else:
-            value, token, next_state = _allowed_continuations(log_probs, state.trie_states, active=~state.finished,
-                                                              trie=trie, select=select_sample)
+            value, token, next_state = _allowed_continuations(logits, log_normalizer, state.trie_states,
+                                                              active=~state.finished, trie=trie,
+                                                              select=select_sample)
         stuck = ~state.finished & (value == NEG_INF)  # no allowed continuation (cannot happen with a valid trie)
         token = jnp.where(state.finished | stuck, PAD_ID, token)
         return _SampleState(

@@ -62,6 +62,9 @@ class Trie:
     max_length: int = flax.struct.field(pytree_node=False)  # longest sequence, EOS included (the depth)
     max_fanout: int = flax.struct.field(pytree_node=False)  # most children of any state
     sparse_fanout: int = flax.struct.field(pytree_node=False)  # K: width of `children`
+    # level_fanouts[d]: most children of a state at depth d (d tokens decoded); static, so decoding can size
+    # each level's expansion without looking at the arrays.
+    level_fanouts: tuple[int, ...] = flax.struct.field(pytree_node=False, default=())
 
     @classmethod
     def build(cls, tokens: np.ndarray, *, vocab_size: int, sparse_fanout: int = 32) -> Trie:
@@ -120,6 +123,7 @@ class Trie:
         first_child[DEAD_STATE] = ROOT_STATE + 1  # DEAD: empty range [2, 2)
         parent_ids = np.full(num_rows, ROOT_STATE, dtype=np.int32)
         parent_start, parent_count = ROOT_STATE, 1
+        level_fanouts = []
         for d in range(1, depth + 1):
             start, size = int(level_starts[d - 1]), level_sizes[d - 1]
             is_new = (sorted_lengths >= d) & (common < d)
@@ -127,6 +131,7 @@ class Trie:
             ids += start - 1  # each row's state at level d (meaningful where its length >= d)
             token[start:start + size] = tokens[order[is_new], d - 1]
             num_children = np.bincount(parent_ids[is_new] - parent_start, minlength=parent_count)
+            level_fanouts.append(int(num_children.max()))
             first_child[parent_start:parent_start + parent_count] = start + np.cumsum(num_children) - num_children
             ends_here = sorted_lengths == d
             leaf_index[ids[ends_here]] = order[ends_here]
@@ -135,7 +140,7 @@ class Trie:
         max_fanout = max(int(np.diff(first_child).max()), 1)  # 1: a terminal's PAD self-loop
         return cls(first_child=jnp.asarray(first_child), token=jnp.asarray(token), leaf_index=jnp.asarray(leaf_index),
                    vocab_size=int(vocab_size), max_length=depth, max_fanout=max_fanout,
-                   sparse_fanout=int(sparse_fanout))
+                   sparse_fanout=int(sparse_fanout), level_fanouts=tuple(level_fanouts))
 
     @property
     def num_states(self) -> int:

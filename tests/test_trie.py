@@ -129,8 +129,12 @@ def test_trie_matches_dict_trie(num_docids, vocab_size, max_content, sparse_fano
     rows = random_docid_rows(rng, num_docids=num_docids, vocab_size=vocab_size, max_content=max_content)
     trie = Trie.build(rows, vocab_size=vocab_size, sparse_fanout=sparse_fanout)
     assert trie.max_length == int((rows != PAD).sum(axis=1).max())
-    fanouts = [len(v) for v in reference_allowed(rows, max_prefix_length=rows.shape[1]).values()]
-    assert trie.max_fanout == max(fanouts)
+    reference = reference_allowed(rows, max_prefix_length=rows.shape[1])
+    assert trie.max_fanout == max(len(v) for v in reference.values())
+    # Per level: the most children of an unfinished prefix (no EOS yet) of each length.
+    assert trie.level_fanouts == tuple(
+        max(len(v) for q, v in reference.items() if len(q) == depth and EOS not in q and PAD not in q)
+        for depth in range(trie.max_length))
     # states: DEAD, ROOT and one per distinct prefix (the full sequences with EOS included).
     assert trie.num_states == 2 + len({tuple(r[:n]) for r in rows.tolist() for n in range(1, r.index(EOS) + 2)})
     check_against_reference(trie, rows, rng, vocab_size=vocab_size)
