@@ -174,6 +174,19 @@ def _activation(name: str) -> Callable[[Array], Array]:
     raise ValueError(f"Unknown MLP activation {name!r}; expected one of 'gelu', 'relu', 'linear'.")
 
 
+def _teacher_forced_stack(embedded: Array, encoded: Array, *, layers: Sequence[nn.Module], relpos: nn.Module,
+                          norm: nn.Module, dropout: nn.Module, cross_mask: Array, deterministic: bool) -> Array:
+    """A causal decoder stack over whole targets (the main decoder and the PAWA decoder share it):
+    embedded [batch, tgt_len, embed] -> normalised states, same shape."""
+    tgt_len = embedded.shape[1]
+    self_mask = jnp.tril(jnp.ones((tgt_len, tgt_len), bool))[None, None]
+    bias = relpos(tgt_len, tgt_len)[None]
+    x = dropout(embedded, deterministic=deterministic)
+    for layer in layers:
+        x = layer(x, encoded, self_mask, cross_mask, bias, deterministic)
+    return dropout(norm(x), deterministic=deterministic)
+
+
 def _param(module: nn.Module, name: str, init: Initializer, shape: Sequence[int], axes: Sequence[str],
            dtype: Any) -> Array:
     return module.param(name, nn.with_logical_partitioning(init, tuple(axes)), tuple(shape), dtype)
@@ -422,13 +435,8 @@ class PawaDecoder(nn.Module):
 
     def __call__(self, embedded: Array, encoded: Array, *, cross_mask: Array, deterministic: bool) -> Array:
         """Teacher-forced. embedded: [batch, tgt_len, embed] (decoder input embeddings) -> u, same shape."""
-        tgt_len = embedded.shape[1]
-        self_mask = jnp.tril(jnp.ones((tgt_len, tgt_len), bool))[None, None]
-        bias = self.relpos(tgt_len, tgt_len)[None]
-        x = self.dropout(embedded, deterministic=deterministic)
-        for layer in self.layers:
-            x = layer(x, encoded, self_mask, cross_mask, bias, deterministic)
-        return self.dropout(self.norm(x), deterministic=deterministic)
+        return _teacher_forced_stack(embedded, encoded, layers=self.layers, relpos=self.relpos, norm=self.norm,
+                                     dropout=self.dropout, cross_mask=cross_mask, deterministic=deterministic)
 
     def prefill(self, encoded: Array, *, max_decode_len: int) -> tuple[tuple, Array]:
         """Per-query constants: cross-attention (keys, values) per layer and the bias [heads, max_len, max_len]."""
@@ -536,13 +544,9 @@ class Transformer(nn.Module):
 
     def _decoder_states(self, embedded: Array, encoded: Array, *, cross_mask: Array, deterministic: bool) -> Array:
         """Teacher-forced main decoder stack: embedded [batch, tgt_len, embed] -> normalised states, same shape."""
-        tgt_len = embedded.shape[1]
-        self_mask = jnp.tril(jnp.ones((tgt_len, tgt_len), bool))[None, None]
-        bias = self.decoder_relpos(tgt_len, tgt_len)[None]
-        x = self.dropout(embedded, deterministic=deterministic)
-        for layer in self.decoder_layers:
-            x = layer(x, encoded, self_mask, cross_mask, bias, deterministic)
-        return self.dropout(self.decoder_norm(x), deterministic=deterministic)
+        return _teacher_forced_stack(embedded, encoded, layers=self.decoder_layers, relpos=self.decoder_relpos,
+                                     norm=self.decoder_norm, dropout=self.dropout, cross_mask=cross_mask,
+                                     deterministic=deterministic)
 
     def decode(self, encoded: Array, encoder_input_tokens: Array, decoder_input_tokens: Array, *,
                enable_dropout: bool = False, return_states: bool = False) -> Array | tuple[Array, Array]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import pathlib
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 
 import seqio
 import tensorflow as tf
@@ -66,13 +66,8 @@ def documents_source(
         if docids:
             yield {"docid": docids, "inputs": texts}
 
-    def dataset_fn(split: str, shuffle_files: bool, seed: int | None = None) -> tf.data.Dataset:
-        del split, shuffle_files, seed  # One split, one file read in order; the Task shuffles examples.
-        signature = {"docid": _STRINGS, "inputs": _STRINGS}
-        return tf.data.Dataset.from_generator(chunks, output_signature=signature).unbatch()
-
-    counts = {TRAIN: len(table)}
-    return seqio.FunctionDataSource(dataset_fn, splits=(TRAIN,), num_input_examples=counts), counts
+    return _streamed_train_source(chunks, signature={"docid": _STRINGS, "inputs": _STRINGS},
+                                  num_examples=len(table))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,12 +222,18 @@ def synthetic_queries_source(
         if docids:
             yield _ragged_chunk(docids, queries, lengths)
 
+    return _streamed_train_source(chunks, signature={"docid": _STRINGS, "queries": _RAGGED_STRINGS},
+                                  num_examples=len(table))
+
+
+def _streamed_train_source(chunks: Callable[[], Iterator[dict]], *, signature: dict[str, tf.TensorSpec],
+                           num_examples: int) -> tuple[seqio.FunctionDataSource, dict[str, int]]:
+    """A 'train'-only source streaming `chunks()` (dicts of equal-length lists, one example per position)."""
     def dataset_fn(split: str, shuffle_files: bool, seed: int | None = None) -> tf.data.Dataset:
         del split, shuffle_files, seed  # One split, one file read in order; the Task shuffles examples.
-        signature = {"docid": _STRINGS, "queries": _RAGGED_STRINGS}
         return tf.data.Dataset.from_generator(chunks, output_signature=signature).unbatch()
 
-    counts = {TRAIN: len(table)}
+    counts = {TRAIN: num_examples}
     return seqio.FunctionDataSource(dataset_fn, splits=(TRAIN,), num_input_examples=counts), counts
 
 
