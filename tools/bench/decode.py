@@ -3,7 +3,8 @@
 python -m tools.bench.decode --part model [--models tiny small --schemes pids semantic
                                            --num-docids 10000 100000 1000000 8841823 --batch 16 64 --beams 10 40]
 python -m tools.bench.decode --part constraint [--num-docids 1000000 --vocab-size 2048 --docid-length 8
-                                                --batch 2 --beams 70 --sparse-fanout 30 --repeats 10]
+                                                --batch 2 --beams 70 --sparse-fanout 30 --repeats 10
+                                                --model-output logits log_probs]
 python -m tools.bench.decode --part build [--num-docids 8841823 --vocab path/to/spm.model]
 
 `model` (part 1): random-init T5.1.1 models (dimensions from gin_configs/models/t5_1_1/{tiny,small}.gin, a
@@ -27,8 +28,11 @@ a `jax.pure_callback` runs HF's `PrefixConstrainedLogitsProcessor` on the host, 
 `prefix_allowed_tokens_fn` (`trie.get(sent.tolist())` on a nested-dict trie) once per beam and turns the
 returned token lists into a [rows, vocab] mask added to the log-probs. Both are compiled first and timed
 alternately; medians are reported with their ratio (host callback / ours; target >= 50x) and the trie's
-build seconds and bytes. One JSON line per `--beams` value; `unconstrained_search_s` times the same search
-without any constraint.
+build seconds and bytes. One JSON line per (`--beams`, `--model-output`) setting; `unconstrained_search_s`
+times our search without any constraint. `--model-output logits` (the model returns logits: both searches
+take the full-vocabulary log-softmax at every step, one pass over [rows, vocab] that any search pays) or
+`log_probs` (the model returns log-probs, as a step_fn with the log-softmax fused into it: the timing is the
+search and its constraint only).
 
 `build`: the trie of 8.8M MS MARCO-style naive docids (pids 0..8841822 as digit strings, tokenised by
 the SentencePiece model given with --vocab, else one token per digit). Target: < 2 minutes, a few
@@ -375,7 +379,8 @@ def prefix_constrained_mask(prefix_allowed_tokens_fn: Callable[[int, np.ndarray]
     return mask
 
 
-def host_callback_step_fn(*, logits_table: jax.Array, trie: GenreTrie, num_beams: int) -> Callable:
+def host_callback_step_fn(*, logits_table: jax.Array, trie: GenreTrie, num_beams: int,
+                          log_softmax: bool = True) -> Callable:
     """A step_fn applying the host-side constraint at every step: the research-code pattern inside `jax.jit`.
 
     The beams' decoder inputs so far ride in the beam-search cache as `input_ids` int32[rows, max_decode_len]
@@ -383,7 +388,8 @@ def host_callback_step_fn(*, logits_table: jax.Array, trie: GenreTrie, num_beams
     reorders with the beams as HF reorders its `input_ids`. One `jax.pure_callback` per step sends them to
     the host, runs HF's processor with GENRE's function and returns the mask, added to the log-probs (after
     the log-softmax, as in HF: run beam search with `step_fn_returns_log_probs=True`, so that the scores are
-    the model's log-likelihoods as ours are, and both searches rank the same docids).
+    the model's log-likelihoods as ours are, and both searches rank the same docids). With
+    `log_softmax=False` the table already holds log-probs and the mask is added to them as they are.
     """
     rows, vocab_size = logits_table.shape[1:]
 
@@ -398,25 +404,37 @@ def host_callback_step_fn(*, logits_table: jax.Array, trie: GenreTrie, num_beams
         input_ids = cache["input_ids"].at[:, position].set(tokens)  # at position 0, tokens is the start token
         mask = jax.pure_callback(host_mask, jax.ShapeDtypeStruct((rows, vocab_size), jnp.float32), input_ids,
                                  position)
-        return jax.nn.log_softmax(logits_table[position]) + mask, {"input_ids": input_ids}
+        log_probs = jax.nn.log_softmax(logits_table[position]) if log_softmax else logits_table[position]
+        return log_probs + mask, {"input_ids": input_ids}
 
     return step_fn
 
 
+MODEL_OUTPUTS = ("logits", "log_probs")
+
+
 def run_constraint(*, num_docids: int, vocab_size: int, docid_length: int, batch: int, beams: int,
                    sparse_fanout: int, repeats: int, rows: np.ndarray, trie: Trie, build_s: float,
-                   host_trie: GenreTrie, host_build_s: float, seed: int) -> dict:
+                   host_trie: GenreTrie, host_build_s: float, seed: int, model_output: str = "logits") -> dict:
+    """Times both searches on a random [max_decode_len, rows, vocab] table that the 'model' returns per step:
+    logits (`model_output="logits"`, each search takes the log-softmax) or log-probs ("log_probs")."""
+    if model_output not in MODEL_OUTPUTS:
+        raise ValueError(f"model_output must be one of {MODEL_OUTPUTS}, got {model_output!r}")
     rows_n = batch * beams
     max_decode_len = docid_length + 1
     logits_table = jax.random.normal(jax.random.PRNGKey(seed), (max_decode_len, rows_n, vocab_size), jnp.float32) * 3
+    returns_log_probs = model_output == "log_probs"
+    if returns_log_probs:
+        logits_table = jax.nn.log_softmax(logits_table)
 
     def random_logits(tokens, position, cache):
         return logits_table[position], cache
 
     ours = jax.jit(functools.partial(beam_search, step_fn=random_logits, batch_size=batch, num_beams=beams,
-                                     max_decode_len=max_decode_len))
+                                     max_decode_len=max_decode_len, step_fn_returns_log_probs=returns_log_probs))
     host = jax.jit(functools.partial(
-        beam_search, step_fn=host_callback_step_fn(logits_table=logits_table, trie=host_trie, num_beams=beams),
+        beam_search, step_fn=host_callback_step_fn(logits_table=logits_table, trie=host_trie, num_beams=beams,
+                                                   log_softmax=not returns_log_probs),
         batch_size=batch, num_beams=beams, max_decode_len=max_decode_len, step_fn_returns_log_probs=True))
     host_cache = {"input_ids": jnp.zeros((rows_n, max_decode_len), jnp.int32)}
 
@@ -442,6 +460,7 @@ def run_constraint(*, num_docids: int, vocab_size: int, docid_length: int, batch
     return {
         "part": "constraint",
         **_device_fields(),
+        "model_output": model_output,
         "num_docids": num_docids,
         "vocab_size": vocab_size,
         "docid_length": docid_length,
@@ -480,11 +499,12 @@ def run_constraint_part(args: argparse.Namespace) -> None:
     host_trie = GenreTrie([[PAD_ID, *row] for row in rows.tolist()])
     host_build_s = time.perf_counter() - start
     for beams in args.beams or [70]:
-        print(json.dumps(run_constraint(
-            num_docids=num_docids, vocab_size=args.vocab_size, docid_length=args.docid_length,
-            batch=(args.batch or [2])[0], beams=beams, sparse_fanout=args.sparse_fanout, repeats=args.repeats or 10,
-            rows=rows, trie=trie, build_s=build_s, host_trie=host_trie, host_build_s=host_build_s,
-            seed=args.seed)), flush=True)
+        for model_output in args.model_output:
+            print(json.dumps(run_constraint(
+                num_docids=num_docids, vocab_size=args.vocab_size, docid_length=args.docid_length,
+                batch=(args.batch or [2])[0], beams=beams, sparse_fanout=args.sparse_fanout,
+                repeats=args.repeats or 10, rows=rows, trie=trie, build_s=build_s, host_trie=host_trie,
+                host_build_s=host_build_s, seed=args.seed, model_output=model_output)), flush=True)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -559,6 +579,9 @@ def main(argv: list[str] | None = None) -> None:
     constraint = parser.add_argument_group("constraint part")
     constraint.add_argument("--vocab-size", type=int, default=2048, help="vocabulary of the random docids")
     constraint.add_argument("--docid-length", type=int, default=8, help="tokens per docid before EOS")
+    constraint.add_argument("--model-output", nargs="+", choices=MODEL_OUTPUTS, default=list(MODEL_OUTPUTS),
+                            help="what the stand-in model returns per step: logits (the searches take the "
+                            "log-softmax) or log-probs")
     args = parser.parse_args(argv)
 
     if args.part == "model":
