@@ -47,6 +47,11 @@ def _abstract_leaf(path, leaf) -> jax.ShapeDtypeStruct:
     )
 
 
+def path_str(path) -> str:
+    """A pytree key path as 'a/b/0'."""
+    return "/".join(str(getattr(key, "key", getattr(key, "name", getattr(key, "idx", key)))) for key in path)
+
+
 class Checkpointer:
     """Saves and restores (train state, input position) pairs under `directory/<step>/`.
 
@@ -153,6 +158,29 @@ class Checkpointer:
         )
         logger.info("Restored checkpoint of step %d from %s", step, self.directory)
         return restored[STATE_ITEM], dict(restored[INPUT_ITEM])
+
+    def saved_params(self, step: int) -> dict[str, jax.ShapeDtypeStruct]:
+        """'/'-joined path -> shape and dtype of each leaf of `state.params` saved at `step` (read from metadata)."""
+        metadata = ocp.PyTreeCheckpointer().metadata(self.directory / str(step) / STATE_ITEM).item_metadata.tree
+        if "params" not in metadata:
+            raise ValueError(f"the state saved in {self.directory / str(step)} has no 'params' (it has "
+                             f"{sorted(metadata)}): not a gr_jax train state")
+        return {path_str(path): jax.ShapeDtypeStruct(tuple(leaf.shape), leaf.dtype)
+                for path, leaf in jax.tree_util.tree_leaves_with_path(metadata["params"])}
+
+    def restore_params(self, step: int, *, abstract_params: Any) -> Any:
+        """Only `state.params` of checkpoint `step` (not the optimizer state), into the shardings of
+        `abstract_params` (ShapeDtypeStruct leaves with shardings, shaped as saved)."""
+        self._manager.wait_until_finished()
+        target = {"params": jax.tree_util.tree_map_with_path(_abstract_leaf, abstract_params)}
+        restore_args = jax.tree_util.tree_map(
+            lambda leaf: ocp.ArrayRestoreArgs(sharding=leaf.sharding, global_shape=leaf.shape, dtype=leaf.dtype),
+            target)
+        restored = ocp.PyTreeCheckpointer().restore(
+            self.directory / str(step) / STATE_ITEM,
+            args=ocp.args.PyTreeRestore(item=target, restore_args=restore_args, partial_restore=True))
+        logger.info("Restored the params of step %d from %s", step, self.directory)
+        return restored["params"]
 
     # -- lifecycle ---------------------------------------------------------------------------
 

@@ -61,6 +61,7 @@ from jax.sharding import Sharding
 from safetensors import safe_open
 
 from gr_jax import network
+from gr_jax.checkpoints import path_str
 from gr_jax.data.readers import DataFormatError
 
 if TYPE_CHECKING:
@@ -580,18 +581,6 @@ def _unbox(tree: Any) -> Any:
     return jax.tree.map(lambda x: x.value if _is_box(x) else x, tree, is_leaf=_is_box)
 
 
-def _path_str(path: Sequence[Any]) -> str:
-    parts = []
-    for key in path:
-        for attr in ("key", "name", "idx"):
-            if hasattr(key, attr):
-                parts.append(str(getattr(key, attr)))
-                break
-        else:
-            parts.append(str(key))
-    return "/".join(parts)
-
-
 def _fresh_value(path: str, fresh: Any, sharding: Sharding) -> jax.Array:
     if isinstance(fresh, jax.ShapeDtypeStruct):
         raise ValueError(f"params[{path!r}] has no pretrained value and fresh_params holds only its shape; pass "
@@ -638,7 +627,7 @@ def load_pretrained_params(*, checkpoint_dir: PathLike, config: network.T5Config
         shardings, is_leaf=lambda x: isinstance(x, Sharding))
     if sharding_treedef != treedef:
         raise ValueError(f"shardings do not have the structure of fresh_params:\n{sharding_treedef}\nvs\n{treedef}")
-    paths = [_path_str(p) for p, _ in leaves]
+    paths = [path_str(p) for p, _ in leaves]
     plan: dict[str, Optional[TensorSource]] = {}  # None: fresh
     unknown = []
     for path, (_, leaf) in zip(paths, leaves):

@@ -24,6 +24,7 @@ from gr_jax import metric_writers
 from gr_jax import network
 from gr_jax import optimizers
 from gr_jax import partitioning
+from gr_jax import warm_start
 from gr_jax.data import pipeline
 from gr_jax.data.readers import open_dataset
 from gr_jax.evaluation import write_trec_run
@@ -140,7 +141,9 @@ class Experiment:
     z_loss: float = 1e-4
     mesh_data: int = -1
     mesh_model: int = 1
-    init_checkpoint: Optional[str] = None  # a Hugging Face T5.1.1 dir (config.json + safetensors), as the study
+    # A Hugging Face T5.1.1 dir (config.json + safetensors), as the study, or a gr_jax model dir (e.g. continued
+    # span-corruption pretraining on the corpus, see gr_jax.warm_start): the run's parameters start from it.
+    init_checkpoint: Optional[str] = None
 
     def build(self, *, keep_checkpoints: int = 3) -> "Built":
         """Registers the tasks, loads the vocabulary, and builds model, mesh and trainer (no allocation)."""
@@ -233,7 +236,11 @@ def train(*, experiment: Experiment, num_train_steps: int, checkpoint_every_step
         logger.info("resumed from step %d (batch %d)", latest, start_batch)
     else:
         state = trainer.init_state(jax.random.PRNGKey(seed))
-        if experiment.init_checkpoint:
+        if experiment.init_checkpoint and warm_start.is_run_dir(experiment.init_checkpoint):
+            state = warm_start.initialize_from_run(state=state, trainer=trainer,
+                                                   model_dir=experiment.init_checkpoint)
+            logger.info("initialised from the run %s", experiment.init_checkpoint)
+        elif experiment.init_checkpoint:
             from gr_jax import pretrained
             state = pretrained.initialize_from_pretrained(state=state, trainer=trainer,
                                                           checkpoint_dir=experiment.init_checkpoint)

@@ -11,6 +11,11 @@
                 registered only when that file exists.
     - `labeled` (retrieval): a training query -> a relevant docid, one example per relevant (query, document)
                 pair. Split 'validation': each dev query -> its first relevant docid (for an eval loss).
+    - `span_corruption` (continued pretraining, not a table row): T5's span corruption over all of each
+                document's text; targets are the masked spans, and the sentinels are the ids right after the
+                SentencePiece pieces, reserved in every run's vocabulary. Train on it alone
+                (`row='span_corruption'`, with a SentencePiece-token docid scheme such as naive), then start
+                the indexing runs from that run (`INIT_CHECKPOINT`).
 * one Mixture per row of the study's tables in `MIXTURE_ROWS`, named `{name}.{row}.{scheme}`, and the same
   Mixture again under the row's table id (`ROW_IDS`), e.g. `msmarco.2a.naive` = `msmarco.firstp_labeled.naive`:
     - 1a `labeled_only`: labeled queries only, no indexing.
@@ -53,6 +58,9 @@ from tasks.options import RepresentationOptions
 
 logger = logging.getLogger(__name__)
 
+# Not a row of the study: the span corruption Task, trained on alone (row name = Task name) before indexing.
+PRETRAINING_ROW = "span_corruption"
+
 Preprocessor = Callable[..., tf.data.Dataset]
 # Given the registered options, the seqio preprocessors of one stage of a representation's pipeline.
 Stage = Callable[[RepresentationOptions], tuple[Preprocessor, ...]]
@@ -88,6 +96,13 @@ def synthetic_query_selection(options: RepresentationOptions) -> tuple[Preproces
                               selection=options.d2q_selection, seed=options.d2q_seed),)
 
 
+def span_corruption(options: RepresentationOptions) -> tuple[Preprocessor, ...]:
+    """T5's span corruption over all of each document's tokens, for continued pretraining on the corpus."""
+    return (functools.partial(preprocessors.span_corruption, window=options.span_window,
+                              sentinel_start=options.sentinel_start, noise_density=options.span_noise_density,
+                              mean_noise_span_length=options.span_mean_length, seed=options.span_seed),)
+
+
 def one_example_per_input(options: RepresentationOptions) -> int:
     del options
     return 1
@@ -106,7 +121,9 @@ class Representation:
     cacheable: whether `cache_in_memory` may keep this task's examples; False when they cannot fit (D2Q:
       k synthetic queries per passage, e.g. 88M examples for MS MARCO at k=10), which are re-read each epoch.
     examples_per_input: training examples per source example, for the default mixing rates and the shuffle
-      buffer (at most that many for D2Q: passages may have fewer queries).
+      buffer (at most that many for D2Q: passages may have fewer queries; at least that many for span
+      corruption: one per window of a document).
+    docid_targets: targets are the docid table's rows; False when a stage makes its own (span corruption).
     After the last stage, `inputs` is at most `input_length` tokens, EOS last.
     """
 
@@ -118,6 +135,7 @@ class Representation:
     after_cache: Stage = no_steps
     cacheable: bool = True
     examples_per_input: Callable[[RepresentationOptions], int] = one_example_per_input
+    docid_targets: bool = True
 
 
 REPRESENTATIONS: dict[str, Representation] = {r.name: r for r in (
@@ -129,6 +147,9 @@ REPRESENTATIONS: dict[str, Representation] = {r.name: r for r in (
                    on_text=synthetic_query_selection, cacheable=False,
                    examples_per_input=lambda options: options.d2q_queries_per_passage),
     Representation("labeled", "retrieval: a labeled training query -> a relevant docid", "labeled_queries"),
+    Representation(PRETRAINING_ROW, "continued pretraining: T5 span corruption of every document's text (targets "
+                   "are the masked spans, not docids)", "documents", on_tokens=no_steps, after_cache=span_corruption,
+                   docid_targets=False),
 )}
 
 # Rows of the study's tables (Pradeep et al. 2023, Tables 2 and 3): mixture name -> the representations it mixes.
@@ -167,7 +188,10 @@ def row_name(row: str) -> str:
         return row
     if row in ROW_IDS:
         return ROW_IDS[row]
-    raise ValueError(f"unknown mixture row {row!r}; rows: {sorted(MIXTURE_ROWS)}, table ids: {sorted(ROW_IDS)}")
+    if row == PRETRAINING_ROW:
+        return row
+    raise ValueError(f"unknown mixture row {row!r}; rows: {sorted(MIXTURE_ROWS)}, table ids: {sorted(ROW_IDS)}, "
+                     f"continued pretraining: {PRETRAINING_ROW!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,10 +274,12 @@ def register_dataset(
     if d2q_path is not None and not pathlib.Path(d2q_path).is_file():
         raise FileNotFoundError(f"d2q_path {d2q_path} does not exist (leave it unset to use {{data_dir}}/"
                                 f"{d2q.DEFAULT_FILENAME} when present)")
+    vocabulary = load_vocabulary(vocabulary_path)
     options = RepresentationOptions(
         input_length=input_length, daq_num_chunks=daq_num_chunks, daq_seed=daq_seed,
         d2q_path=str(pathlib.Path(d2q_path or d2q.default_path(data_dir)).resolve()),
-        d2q_queries_per_passage=d2q_queries_per_passage, d2q_selection=d2q_selection, d2q_seed=d2q_seed)
+        d2q_queries_per_passage=d2q_queries_per_passage, d2q_selection=d2q_selection, d2q_seed=d2q_seed,
+        target_length=target_length, sentinel_start=vocabulary.vocab_size)
     registration = _Registration(
         data_dir=str(data_dir), vocabulary_path=str(vocabulary_path), target_length=target_length, options=options,
         shuffle_buffer_size=shuffle_buffer_size, cache_in_memory=bool(cache_in_memory),
@@ -268,7 +294,6 @@ def register_dataset(
         del _REGISTERED[(name, docid_scheme)]
 
     dataset = open_dataset(data_dir)
-    vocabulary = load_vocabulary(vocabulary_path)
     table = docid_tables.load_or_build_docid_table(dataset=dataset, scheme=docid_scheme, vocabulary=vocabulary,
                                                    vocabulary_path=vocabulary_path)
     if not len(table):
@@ -288,7 +313,10 @@ def register_dataset(
         raise
     _REGISTERED[(name, docid_scheme)] = _Registered(
         registration=registration, names=tuple(names),
-        docid_vocab_size=docid_tables.output_vocab_size(table=table, vocabulary=vocabulary),
+        # The span corruption sentinels follow the SentencePiece pieces (as T5's extra ids) in every run of the
+        # data dir, so a continued-pretraining run and the indexing runs started from it have the same shapes.
+        docid_vocab_size=max(docid_tables.output_vocab_size(table=table, vocabulary=vocabulary),
+                             options.sentinel_start + options.num_sentinels),
         docid_token_range=docid_tables.docid_token_range(table))
     return names
 
@@ -313,8 +341,8 @@ def _registered(name: str, docid_scheme: str) -> _Registered:
 def docid_vocab_size(*, name: str, docid_scheme: str = "naive") -> int:
     """Output vocabulary size a model needs for a registered dataset's targets (embedding / logits rows).
 
-    The SentencePiece vocabulary's size, or more for schemes whose docid tokens are appended after it
-    (semantic2d: one token per (position, value); atomic: one per document).
+    The SentencePiece vocabulary's size plus the span corruption sentinels, or more for schemes whose docid
+    tokens are appended after it (semantic2d: one token per (position, value); atomic: one per document).
     """
     return _registered(name, docid_scheme).docid_vocab_size
 
@@ -369,7 +397,8 @@ def _register_tasks(
             preprocessors=[
                 *representation.on_text(options),
                 preprocessors.tokenize_inputs,
-                functools.partial(preprocessors.docid_targets, docid_table=table),
+                *([functools.partial(preprocessors.docid_targets, docid_table=table)]
+                  if representation.docid_targets else []),
                 *representation.on_tokens(options),
                 *([preprocessors.cache_in_memory] if cache_in_memory and representation.cacheable else []),
                 # Everything before the placeholder is the same every epoch: seqio may also cache it offline.

@@ -50,3 +50,13 @@ def test_experiment_gins_bind_a_complete_experiment(path):
     assert experiment.model_dir and experiment.dataset.data_dir
     assert experiment.network_config.emb_dim > 0
     assert gin.query_parameter("training.train.num_train_steps") is not None
+
+
+def test_pretrain_gin_turns_an_experiment_into_span_corruption_without_retrieval_eval():
+    from gr_jax import training
+    gin_utils.parse_gin(gin_files=["experiments/study_cpu.gin", "runs/pretrain.gin"],
+                        bindings=["MODEL_DIR = '/tmp/unused'"])
+    experiment = gin.get_configurable(training.Experiment)()
+    assert experiment.dataset.row == "span_corruption" and experiment.dataset.docid_scheme == "naive"
+    assert gin.get_configurable(training.EvalConfig)().every_steps == -1
+    assert experiment.learning_rate(10**6) == 3e-3  # the experiment's own settings are kept

@@ -239,3 +239,84 @@ def test_select_random_keeps_all_queries_of_short_passages():
 def test_select_synthetic_queries_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
         _selected([("a", ["a1"])], **kwargs)
+
+
+SENTINEL = 900  # sentinel ids 900, 901, ... (after the PassThroughVocabulary's "pieces" in these tests)
+
+
+def _corrupted(docs, **kwargs):
+    args = dict(window=10, sentinel_start=SENTINEL, seed=0) | kwargs
+    return list(preprocessors.span_corruption(_documents(docs), FEATURES, **args).as_numpy_iterator())
+
+
+def _uncorrupt(inputs, targets):
+    """The original piece, brute force: each sentinel of the inputs replaced by the tokens after it in the targets."""
+    assert inputs[-1] == targets[-1] == EOS_ID
+    spans, current = {}, None
+    for token in targets[:-1]:
+        if token >= SENTINEL:
+            current = token
+            spans[current] = []
+        else:
+            spans[current].append(token)
+    return [t for token in inputs[:-1] for t in (spans[token] if token >= SENTINEL else [token])], spans
+
+
+@pytest.mark.parametrize("input_length, target_length, window", [(64, 16, 69), (512, 114, 563), (8, 8, 6)])
+def test_span_corruption_window_is_the_longest_that_fits(input_length, target_length, window):
+    # 64/16: 69 tokens -> 10 noise in 3 spans (4 if the rotation splits one): inputs 69 - 10 + 4 + 1 = 64,
+    # targets 10 + 4 + 1 = 15; at 70 tokens (round(10.5) = 10, 3 spans) inputs would be 65 in the split case.
+    # T5's 512/114 -> 568 leaves no room for a split span: here 563 (84 noise, 28 spans; 564 gives 85 noise and
+    # targets 85 + 29 + 1 = 115).
+    assert preprocessors.span_corruption_window(input_length=input_length, target_length=target_length) == window
+    worst = lambda n: preprocessors.span_corruption_counts(n, noise_density=0.15, mean_noise_span_length=3.0)  # noqa
+    noise, spans = worst(window)
+    assert window - noise + spans + 2 <= input_length and noise + spans + 2 <= target_length
+    noise, spans = worst(window + 1)
+    assert window + 1 - noise + spans + 2 > input_length or noise + spans + 2 > target_length
+
+
+def test_span_corruption_inputs_and_targets_rebuild_every_token_of_the_document():
+    docs = [("long", list(range(100, 125))), ("one", [5]), ("two", [6, 7])]
+    examples = _corrupted(docs)
+    assert [e["docid"] for e in examples] == [b"long"] * 3 + [b"one", b"two"]  # ceil(25 / 10) pieces, then 1, 1
+    pieces = [list(range(100, 110)), list(range(110, 120)), list(range(120, 125)), [5], [6, 7]]
+    for example, piece in zip(examples, pieces):
+        inputs, targets = example["inputs"].tolist(), example["targets"].tolist()
+        rebuilt, spans = _uncorrupt(inputs, targets)
+        assert rebuilt == piece
+        noise, num_spans = preprocessors.span_corruption_counts(len(piece), noise_density=0.15,
+                                                                mean_noise_span_length=3.0)
+        assert sum(map(len, spans.values())) == noise  # e.g. 10 tokens: round(1.5) = 2 noise tokens
+        assert num_spans <= len(spans) <= num_spans + 1  # a rotation may split a span in two
+        assert list(spans) == list(range(SENTINEL, SENTINEL + len(spans)))  # numbered in order
+        assert all(spans.values())  # no empty span
+        assert [t for t in inputs if t >= SENTINEL] == list(spans)
+    assert examples[3]["inputs"].tolist() == [SENTINEL, EOS_ID] and examples[3]["targets"].tolist() == [SENTINEL, 5,
+                                                                                                       EOS_ID]
+
+
+def test_span_corruption_depends_on_seed_docid_and_piece_only():
+    doc = list(range(100, 160))
+    alone = [e["inputs"].tolist() for e in _corrupted([("d", doc)])]
+    among = [e["inputs"].tolist() for e in _corrupted([("x", doc), ("d", doc)])]
+    assert among[6:] == alone and among[:6] != alone  # stateless, keyed by the docid
+    assert [e["inputs"].tolist() for e in _corrupted([("d", doc)], seed=3)] != alone
+    assert len({tuple(x) for x in alone}) == 6  # each piece its own spans
+
+
+def test_span_corruption_places_spans_all_over_the_piece():
+    examples = _corrupted([(f"d{i}", list(range(100, 110))) for i in range(200)])
+    first_noise = [next(i for i, (a, b) in enumerate(zip(e["inputs"].tolist(), range(100, 110))) if a != b)
+                   for e in examples]
+    # Two noise tokens among 10 (a span at 9 wraps around to 0): without the rotation every span would be last.
+    assert set(first_noise) == set(range(9))
+
+
+def test_span_corruption_bad_arguments():
+    with pytest.raises(ValueError, match="window"):
+        _corrupted([("d", [5])], window=0)
+    with pytest.raises(ValueError, match="noise_density"):
+        preprocessors.span_corruption_window(input_length=64, target_length=16, noise_density=1.5)
+    with pytest.raises(ValueError, match="no window fits"):
+        preprocessors.span_corruption_window(input_length=2, target_length=2)

@@ -24,6 +24,7 @@ from gr_jax import network
 from gr_jax import optimizers
 from gr_jax import partitioning
 from gr_jax import pretrained
+from gr_jax.checkpoints import path_str
 from gr_jax.data.readers import DataFormatError
 from gr_jax.models import EncoderDecoderModel
 from gr_jax.trainer import Trainer, strip_boxes
@@ -281,7 +282,7 @@ def tokens(rng, *, batch, length, vocab, start_with_pad=False, padding=0):
 
 
 def leaves_by_path(tree):
-    return {pretrained._path_str(p): v for p, v in jax.tree_util.tree_flatten_with_path(tree)[0]}
+    return {path_str(p): v for p, v in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
 # ----------------------------------------------------------------------------------------------

@@ -134,7 +134,11 @@ def test_atomic_docids_are_one_new_token_per_document(registry, data_dirs):
     assert table.docids == tuple(docids)
     assert table.tokens.tolist() == [[vocab_size + i, EOS_ID] for i in range(len(docids))]
     assert tasks.docid_vocab_size(name="toy", docid_scheme="atomic") == vocab_size + len(docids)
-    assert tasks.docid_vocab_size(name="toy", docid_scheme="naive") == vocab_size
+    # Naive docids are pieces; the vocabulary also reserves the span corruption sentinels after the pieces.
+    sentinels = tasks.RepresentationOptions(input_length=INPUT_LENGTH, target_length=TARGET_LENGTH, d2q_path="",
+                                            sentinel_start=vocab_size).num_sentinels
+    assert sentinels == 2  # windows of 15 tokens fit inputs 16: 2 noise tokens in 1 span (2 if split)
+    assert tasks.docid_vocab_size(name="toy", docid_scheme="naive") == vocab_size + sentinels
 
 
 def test_semantic_tables_are_read_as_prebuilt_and_size_the_output(registry, data_dirs):
@@ -149,7 +153,7 @@ def test_semantic_tables_are_read_as_prebuilt_and_size_the_output(registry, data
     sp = spm.SentencePieceProcessor(model_file=str(data_dir / "spm.model"))
     i = tables["semantic"].docids.index("58213")
     assert tables["semantic"].tokens[i, :5].tolist() == [sp.piece_to_id(d) for d in "3000"] + [EOS_ID]
-    assert tasks.docid_vocab_size(name="toy", docid_scheme="semantic") == vocab_size
+    assert tasks.docid_vocab_size(name="toy", docid_scheme="semantic") == vocab_size + 2  # + the 2 sentinels
     # 2D: the largest token is position 2 (the leaf of a depth-2 id), value 1.
     assert tasks.docid_vocab_size(name="toy", docid_scheme="semantic2d") == vocab_size + 2 * BASE_2D + 1 + 1
 

@@ -78,10 +78,13 @@ def _examples(name, split, lengths):
 
 def test_registers_one_task_per_representation_and_one_mixture_per_row_and_table_id(data_dir, register):
     names = register(name="toy", data_dir=data_dir)
-    task_names = ["toy.firstp.naive", "toy.daq.naive", "toy.d2q.naive", "toy.labeled.naive"]
+    task_names = ["toy.firstp.naive", "toy.daq.naive", "toy.d2q.naive", "toy.labeled.naive",
+                  "toy.span_corruption.naive"]
     assert names == task_names + [f"toy.{row}.naive" for row in ROWS] + [f"toy.{i}.naive" for i in TABLE_IDS]
     assert set(task_names) <= set(seqio.TaskRegistry.names())
-    assert set(names[4:]) <= set(seqio.MixtureRegistry.names())
+    assert set(names[5:]) <= set(seqio.MixtureRegistry.names())
+    # The pretraining row is the span corruption Task itself, not a study Mixture.
+    assert tasks.mixture_name(name="toy", row="span_corruption", docid_scheme="naive") == "toy.span_corruption.naive"
     for task in task_names[:3]:
         assert seqio.get_mixture_or_task(task).splits == ("train",)
     assert set(seqio.get_mixture_or_task("toy.labeled.naive").splits) == {"train", "validation"}
@@ -245,8 +248,8 @@ def test_data_dir_without_training_queries_registers_no_mixture(tmp_path, vocab_
     shutil.copy(vocab_file, data_dir / "spm.model")
     with caplog.at_level(logging.WARNING):
         names = register(name="docs_only", data_dir=data_dir)
-    assert names == ["docs_only.firstp.naive", "docs_only.daq.naive", "docs_only.daq_only.naive",
-                     "docs_only.6a.naive"]
+    assert names == ["docs_only.firstp.naive", "docs_only.daq.naive", "docs_only.span_corruption.naive",
+                     "docs_only.daq_only.naive", "docs_only.6a.naive"]
     messages = [r.getMessage() for r in caplog.records]
     assert any("no data for source 'labeled_queries', so no 'labeled' task" in m for m in messages), messages
     assert any("skipping mixture row 2a 'firstp_labeled': no task for ['labeled']" in m for m in messages), messages
@@ -462,3 +465,24 @@ def test_iter_passage_queries_errors_name_path_and_line(tmp_path, content, messa
     path.write_text(content)
     with pytest.raises(DataFormatError, match=message):
         _stream(path, ["7", "3", "11"])
+
+
+def test_span_corruption_task_covers_every_document_token_within_the_lengths(data_dir, register):
+    register(name="toy", data_dir=data_dir, input_length=16, target_length=12)
+    vocab_size = _sp(data_dir).get_piece_size()
+    examples = _examples("toy.span_corruption.naive", "train", {"inputs": 16, "targets": 12})
+    rebuilt: dict[str, list[int]] = {}
+    for example in examples:
+        inputs, targets = example["inputs"].tolist(), example["targets"].tolist()
+        assert len(inputs) <= 16 and len(targets) <= 12 and inputs[-1] == targets[-1] == EOS_ID
+        spans, current = {}, None
+        for token in targets[:-1]:  # "<s0> a b <s1> c": sentinels are the ids after the pieces
+            if token >= vocab_size:
+                current = spans.setdefault(token, [])
+            else:
+                current.append(token)
+        assert max(spans) < tasks.docid_vocab_size(name="toy")  # the model's vocabulary holds every sentinel
+        piece = [t for token in inputs[:-1] for t in (spans[token] if token >= vocab_size else [token])]
+        rebuilt.setdefault(example["docid"].decode(), []).extend(piece)
+    documents = dict(read_collection(data_dir / "collection.tsv"))
+    assert rebuilt == {docid: _sp(data_dir).encode(text) for docid, text in documents.items()}

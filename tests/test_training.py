@@ -166,6 +166,53 @@ def test_docid_head_range_is_filled_from_the_docid_table(data_dir, tmp_path, hea
         narrow.build()
 
 
+def test_continued_pretraining_then_indexing_starts_from_its_params(data_dir, tmp_path):
+    from gr_jax import warm_start
+    from gr_jax.checkpoints import path_str
+    pretrain = _experiment(data_dir, tmp_path / "pt")
+    pretrain = dataclasses.replace(pretrain, dataset=dataclasses.replace(pretrain.dataset, row="span_corruption"))
+    final = training.train(experiment=pretrain, num_train_steps=2, eval_config=NO_EVAL, progress=False)
+    assert math.isfinite(final["train/loss"])
+    source = {path_str(p): x for p, x in jax.tree_util.tree_leaves_with_path(
+        jax.device_get(pretrain.build().restore()[0].params))}
+
+    def started(experiment):
+        built = experiment.build()
+        fresh = built.trainer.init_state(jax.random.PRNGKey(7))
+        fresh_params = {path_str(p): x for p, x in jax.tree_util.tree_leaves_with_path(jax.device_get(fresh.params))}
+        state = warm_start.initialize_from_run(state=fresh, trainer=built.trainer, model_dir=tmp_path / "pt")
+        assert int(state.step) == 0
+        return fresh_params, {path_str(p): x for p, x in jax.tree_util.tree_leaves_with_path(
+            jax.device_get(state.params))}
+
+    # The same network and vocabulary (naive docids; the sentinels are in every run's vocabulary): all copied.
+    _, params = started(dataclasses.replace(pretrain, dataset=dataclasses.replace(pretrain.dataset,
+                                                                                  row="firstp_labeled")))
+    assert params.keys() == source.keys()
+    for path in source:
+        np.testing.assert_array_equal(params[path], source[path], err_msg=path)
+
+    # A larger vocabulary (here fixed at 512; e.g. many atomic docid tokens after the pieces): the embedding keeps
+    # the source's rows and the rows beyond come from the fresh init; the atomic head, which the source lacks and
+    # which replaces the output layer, is fresh.
+    atomic = _experiment(data_dir, tmp_path / "atomic")
+    atomic = dataclasses.replace(atomic, dataset=dataclasses.replace(atomic.dataset, docid_scheme="atomic"),
+                                 network_config=dataclasses.replace(atomic.network_config, decoder_head="atomic",
+                                                                    vocab_size=512))
+    fresh, params = started(atomic)
+    rows = source["token_embedder"].shape[0]
+    assert (rows, params["token_embedder"].shape[0]) == (384, 512)
+    np.testing.assert_array_equal(params["token_embedder"][:rows], source["token_embedder"])
+    np.testing.assert_array_equal(params["token_embedder"][rows:], fresh["token_embedder"][rows:])
+    heads = [path for path in params if path.startswith("atomic_logits_dense")]
+    assert heads and all(np.array_equal(params[path], fresh[path]) for path in heads)
+
+    wider = _experiment(data_dir, tmp_path / "wider")
+    wider = dataclasses.replace(wider, network_config=dataclasses.replace(wider.network_config, mlp_dim=96))
+    with pytest.raises(ValueError, match=r"does not hold this network's parameters: 0 missing .* with other shapes"):
+        started(wider)
+
+
 def test_train_eval_search_entry_points(data_dir, tmp_path, capsys):
     from gr_jax import eval as eval_main
     from gr_jax import search

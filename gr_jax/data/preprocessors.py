@@ -10,6 +10,8 @@ A retrieval Task (see `tasks/retrieval.py`) chains seqio's own preprocessors wit
     cache_in_memory             (later epochs start here)
     seqio.CacheDatasetPlaceholder, then seqio repeats
     daq_chunks                  DaQ: num_chunks random windows of a document's tokens + EOS, one example each
+    span_corruption             continued pretraining (instead of docid_targets): each window of a document ->
+                                inputs with sentinels for masked spans, targets = the spans (T5's objective)
     require_feature_lengths     (a check at pipeline construction, examples unchanged)
 
 Targets are pre-tokenized on purpose: they must be exactly the docid table's rows, the same sequences the
@@ -230,3 +232,123 @@ def require_feature_lengths(
                 f"less would truncate them ({detail}). Ask for at least the registered lengths, or register "
                 f"the dataset again with the lengths you need.")
     return dataset
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Span corruption (T5's pretraining objective), for continued pretraining on a corpus before indexing it
+# ---------------------------------------------------------------------------------------------------------
+
+def span_corruption_counts(length: int, *, noise_density: float, mean_noise_span_length: float) -> tuple[int, int]:
+    """(noise tokens, noise spans) of a window of `length` tokens: at least one of each, at most all but one
+    token noise (all of a one-token window), and never more spans than noise or non-noise tokens allow."""
+    num_noise = min(max(round(length * noise_density), 1), max(length - 1, 1))
+    num_spans = min(max(round(num_noise / mean_noise_span_length), 1), num_noise, max(length - num_noise, 1))
+    return num_noise, num_spans
+
+
+def span_corruption_window(*, input_length: int, target_length: int, noise_density: float = 0.15,
+                           mean_noise_span_length: float = 3.0) -> int:
+    """The longest window of raw tokens whose corrupted inputs and targets (EOS included) both fit.
+
+    inputs: the window's non-noise tokens plus one sentinel per span plus EOS; targets: one sentinel per span
+    plus the noise tokens plus EOS, with room for one more span than `span_corruption_counts` (the rotation).
+    E.g. inputs 64, targets 16 at density 0.15 and mean span 3 -> 69 tokens (10 noise tokens in 3 or 4 spans:
+    inputs <= 64, targets <= 15).
+    """
+    if not 0.0 < noise_density < 1.0:
+        raise ValueError(f"noise_density must be in (0, 1), got {noise_density}")
+    if not mean_noise_span_length >= 1.0:
+        raise ValueError(f"mean_noise_span_length must be >= 1, got {mean_noise_span_length}")
+    best = 0
+    for length in range(1, 4 * (input_length + target_length)):
+        num_noise, num_spans = span_corruption_counts(length, noise_density=noise_density,
+                                                      mean_noise_span_length=mean_noise_span_length)
+        # + 1 span: the random rotation may split one span in two (see `span_corruption`).
+        if length - num_noise + num_spans + 2 <= input_length and num_noise + num_spans + 2 <= target_length:
+            best = length
+    if best == 0:
+        raise ValueError(f"no window fits inputs {input_length} and targets {target_length} tokens")
+    return best
+
+
+def _random_partition(total: tf.Tensor, parts: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+    """int64[parts]: `total` split into `parts` consecutive positive lengths at uniformly random cut points
+    (a single zero length when total is 0 and parts 1)."""
+    candidates = tf.range(1, tf.maximum(total, 1), dtype=tf.int64)  # the total - 1 possible cuts
+    shuffled = tf.gather(candidates, tf.argsort(tf.random.stateless_uniform(tf.shape(candidates), seed=seed,
+                                                                            alg="philox")))
+    cuts = tf.sort(shuffled[:parts - 1])
+    bounds = tf.concat([[tf.constant(0, tf.int64)], cuts, [total]], axis=0)
+    return bounds[1:] - bounds[:-1]
+
+
+def span_corruption(
+        dataset: tf.data.Dataset,
+        output_features: Mapping[str, seqio.Feature],
+        *,
+        window: int,
+        sentinel_start: int,
+        noise_density: float = 0.15,
+        mean_noise_span_length: float = 3.0,
+        seed: int = 0,
+) -> tf.data.Dataset:
+    """T5's span corruption over every token of each document: one example per `window`-token piece.
+
+    A document of n tokens is cut into ceil(n / window) consecutive pieces (the last one shorter: no token
+    is dropped). In each piece `span_corruption_counts` noise tokens form that many spans, placed by random
+    partitions of the noise and non-noise tokens, alternating and starting with non-noise, then rotated by a
+    random offset (so a lone span is not always last; a span split by the rotation counts as two); the i-th
+    span becomes sentinel `sentinel_start + i` (ids after the SentencePiece pieces, as T5's extra ids):
+
+        piece    a b c d e f g h       (noise: c d, g)
+        inputs   a b <0> e f <1> h EOS
+        targets  <0> c d <1> g EOS
+
+    Stateless: the spans of piece k depend on (seed, docid, k) only, the same every epoch (see the module
+    docstring). Expects tokenized `inputs: int32[n]` without EOS and a scalar `docid: string`; sets
+    `inputs` and `targets`, keeps the other features.
+    """
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be a positive integer, got {window!r}")
+    _check_seed(seed)
+    eos_id = output_features["inputs"].vocabulary.eos_id
+
+    def pieces(example: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        tokens = example["inputs"]
+        n = tf.size(tokens, out_type=tf.int64)
+        count = (n + window - 1) // window
+        lengths = tf.minimum(n - tf.range(count, dtype=tf.int64) * window, window)
+        return {**_repeat_features(example, count), "inputs": tf.RaggedTensor.from_row_lengths(tokens, lengths),
+                "piece": tf.range(count, dtype=tf.int64)}
+
+    def corrupt(example: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        tokens = example.pop("inputs")
+        piece = example.pop("piece")
+        length = tf.size(tokens, out_type=tf.int64)
+        lengthf = tf.cast(length, tf.float64)
+        num_noise = tf.minimum(tf.maximum(tf.cast(tf.round(lengthf * noise_density), tf.int64), 1),
+                               tf.maximum(length - 1, 1))
+        num_spans = tf.minimum(tf.minimum(tf.maximum(tf.cast(tf.round(
+            tf.cast(num_noise, tf.float64) / mean_noise_span_length), tf.int64), 1), num_noise),
+            tf.maximum(length - num_noise, 1))
+        key = tf.random.experimental.stateless_fold_in(_docid_seed(example["docid"], seed), piece)
+        keys = tf.random.experimental.stateless_split(key, 3)
+        noise_lengths = _random_partition(num_noise, num_spans, keys[0])
+        kept_lengths = _random_partition(length - num_noise, num_spans, keys[1])
+        # segments alternate kept, noise: segment 2i is kept run i, 2i + 1 noise span i.
+        segment = tf.repeat(tf.range(2 * num_spans), tf.reshape(tf.stack([kept_lengths, noise_lengths], 1), [-1]))
+        offset = tf.random.stateless_uniform([], seed=keys[2], maxval=length, dtype=tf.int64, alg="philox")
+        is_noise = tf.roll(segment % 2 == 1, shift=offset, axis=0)
+        starts_span = is_noise & ~tf.concat([[False], is_noise[:-1]], axis=0)
+        sentinel = tf.cast(sentinel_start + tf.cumsum(tf.cast(starts_span, tf.int64)) - 1, tokens.dtype)
+        absent = tf.constant(-1, tokens.dtype)
+
+        def emit(with_sentinel: tf.Tensor, token_kept: tf.Tensor) -> tf.Tensor:
+            pairs = tf.stack([tf.where(with_sentinel, sentinel, absent), tf.where(token_kept, tokens, absent)], 1)
+            flat = tf.reshape(pairs, [-1])
+            return tf.concat([tf.boolean_mask(flat, flat >= 0), [tf.constant(eos_id, tokens.dtype)]], axis=0)
+
+        return {**example, "inputs": emit(starts_span, ~is_noise), "targets": emit(starts_span, is_noise)}
+
+    return (dataset.map(pieces, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
+            .map(corrupt, num_parallel_calls=tf.data.AUTOTUNE))

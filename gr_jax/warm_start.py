@@ -1,0 +1,149 @@
+"""Start a run from another gr_jax run's parameters: continued pretraining on the corpus, then indexing from it.
+
+Why: the study starts every run from pretrained T5; without those weights (offline, as here) the closest stand-in
+is T5's own span corruption objective on the corpus text (`tasks` row 'span_corruption'), after which the
+indexing and retrieval runs start from that run's parameters, as they would from T5's (`INIT_CHECKPOINT` names
+either a Hugging Face dir, see `gr_jax.pretrained`, or a gr_jax model dir, this module).
+
+Only the parameters are read (orbax partial restore), straight into this run's shardings; the step and the
+optimizer state start afresh. Parameters match by path. A vocabulary axis that differs (atomic or 2D docid tokens
+appended after the pieces) keeps the source's rows and takes the rows beyond from this run's initialisation; new
+heads (`pretrained.NEW_HEAD_PATTERNS`: atomic, PAWA) are fresh; anything else that differs is an error.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import pathlib
+import re
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec, Sharding
+
+from gr_jax.checkpoints import Checkpointer, path_str
+from gr_jax.pretrained import NEW_HEAD_PATTERNS
+
+if TYPE_CHECKING:
+    from gr_jax.trainer import Trainer, TrainState
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINTS_SUBDIR = "checkpoints"
+
+
+def is_run_dir(path: str | os.PathLike) -> bool:
+    """Whether `path` is a gr_jax model dir (it has a checkpoints/ subdir) rather than a Hugging Face dir."""
+    return (pathlib.Path(path) / CHECKPOINTS_SUBDIR).is_dir()
+
+
+def _nested(flat: dict[str, Any]) -> dict:
+    tree: dict = {}
+    for path, value in flat.items():
+        *parents, leaf = path.split("/")
+        node = tree
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return tree
+
+
+def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for key, value in tree.items():
+        path = f"{prefix}/{key}" if prefix else str(key)
+        out.update(_flat(value, path) if isinstance(value, dict) else {path: value})
+    return out
+
+
+def _only_vocabulary_differs(ours: tuple[int, ...], saved: tuple[int, ...], vocab_axis: int | None) -> bool:
+    return (vocab_axis is not None and len(ours) == len(saved)
+            and all(a == b for axis, (a, b) in enumerate(zip(ours, saved)) if axis != vocab_axis))
+
+
+def vocabulary_axes(params_with_logical_axes: Any) -> dict[str, int]:
+    """'/'-joined path -> the axis with logical name 'vocab', of each boxed parameter that has one."""
+    specs = nn.get_partition_spec(params_with_logical_axes)
+    return {path_str(path): tuple(spec).index("vocab")
+            for path, spec in jax.tree_util.tree_leaves_with_path(specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
+            if "vocab" in tuple(spec)}
+
+
+def params_from_run(*, model_dir: str | os.PathLike, fresh_params: Any, shardings: Any,
+                    vocab_axes: Mapping[str, int], new_patterns: Sequence[str] = NEW_HEAD_PATTERNS) -> Any:
+    """This run's parameter tree filled from the latest checkpoint in `model_dir`/checkpoints.
+
+    fresh_params: this run's initialised params (unboxed), the source of new heads and of vocabulary rows beyond
+      the source run's; shardings: a `Sharding` per leaf (e.g. `Trainer.state_shardings.params`); vocab_axes:
+      path -> vocabulary axis (`vocabulary_axes`), the only axis along which a parameter may differ.
+    """
+    directory = pathlib.Path(model_dir) / CHECKPOINTS_SUBDIR
+    checkpointer = Checkpointer(directory, asynchronous=False)
+    try:
+        step = checkpointer.latest_step()
+        if step is None:
+            raise FileNotFoundError(f"no checkpoint in {directory} to start from")
+        saved = checkpointer.saved_params(step)
+        leaves, treedef = jax.tree_util.tree_flatten_with_path(fresh_params)
+        sharding_leaves = jax.tree_util.tree_leaves(shardings, is_leaf=lambda x: isinstance(x, Sharding))
+        if len(sharding_leaves) != len(leaves):
+            raise ValueError(f"shardings has {len(sharding_leaves)} leaves, fresh_params {len(leaves)}")
+        paths = [path_str(path) for path, _ in leaves]
+        patterns = [re.compile(p) for p in new_patterns]
+        missing = [p for p in paths if p not in saved and not any(q.fullmatch(p) for q in patterns)]
+        unused = sorted(set(saved) - set(paths))
+        if any(q.fullmatch(p) for p in paths for q in patterns):  # a new head replaces the output layer
+            unused = [p for p in unused if p.split("/")[0] != "logits_dense"]
+        mismatched = [f"{p}: ours {tuple(leaf.shape)}, saved {saved[p].shape}" for p, (_, leaf) in zip(paths, leaves)
+                      if p in saved and tuple(leaf.shape) != saved[p].shape
+                      and not _only_vocabulary_differs(tuple(leaf.shape), saved[p].shape, vocab_axes.get(p))]
+        if missing or unused or mismatched:
+            raise ValueError(
+                f"{directory} (step {step}) does not hold this network's parameters: "
+                f"{len(missing)} missing {missing[:5]}, {len(unused)} not in this network {unused[:5]}, "
+                f"{len(mismatched)} with other shapes {mismatched[:5]}. Start from a run of the same network "
+                f"(size gin and decoder) and vocabulary")
+
+        targets = {}
+        for path, (_, leaf), sharding in zip(paths, leaves, sharding_leaves):
+            if path not in saved:
+                continue
+            if tuple(leaf.shape) == saved[path].shape:
+                targets[path] = jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
+            else:  # read as saved, replicated, then mixed into this run's shape and sharding below
+                replicated = NamedSharding(sharding.mesh, PartitionSpec()) if isinstance(sharding, NamedSharding) \
+                    else sharding
+                targets[path] = jax.ShapeDtypeStruct(saved[path].shape, leaf.dtype, sharding=replicated)
+        restored = _flat(checkpointer.restore_params(step, abstract_params=_nested(targets)))
+    finally:
+        checkpointer.close()
+
+    out, counts = [], {"copied": 0, "mixed": 0, "fresh": 0}
+    for path, (_, leaf), sharding in zip(paths, leaves, sharding_leaves):
+        if path not in restored:
+            out.append(jax.device_put(leaf, sharding))
+            counts["fresh"] += 1
+        elif tuple(leaf.shape) == restored[path].shape:
+            out.append(restored[path])
+            counts["copied"] += 1
+        else:
+            source = restored[path]
+            overlap = tuple(slice(0, min(a, b)) for a, b in zip(leaf.shape, source.shape))
+            out.append(jax.jit(lambda fresh, source, overlap=overlap: fresh.at[overlap].set(source[overlap]),
+                               out_shardings=sharding)(leaf, source))
+            counts["mixed"] += 1
+    logger.info("started from %s step %d: %d parameters copied, %d with their vocabulary rows mixed, %d fresh",
+                directory, step, counts["copied"], counts["mixed"], counts["fresh"])
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def initialize_from_run(*, state: "TrainState", trainer: "Trainer", model_dir: str | os.PathLike) -> "TrainState":
+    """A freshly initialised train state whose params come from another run (see `params_from_run`)."""
+    boxed = jax.eval_shape(lambda: trainer.model.init(jax.random.PRNGKey(0), input_length=trainer.input_length,
+                                                      target_length=trainer.target_length))["params"]
+    params = params_from_run(model_dir=model_dir, fresh_params=state.params,
+                             shardings=trainer.state_shardings.params, vocab_axes=vocabulary_axes(boxed))
+    return state.replace(params=jax.tree_util.tree_map(jnp.asarray, params))
