@@ -6,7 +6,7 @@ indexing and retrieval runs start from that run's parameters, as they would from
 either a Hugging Face dir, see `gr_jax.pretrained`, or a gr_jax model dir, this module).
 
 Only the parameters are read (orbax partial restore), straight into this run's shardings; the step and the
-optimizer state start afresh. Parameters match by path. A vocabulary axis that differs (atomic or 2D docid tokens
+optimizer state start afresh. Parameters match by path. A larger vocabulary axis (atomic or 2D docid tokens
 appended after the pieces) keeps the source's rows and takes the rows beyond from this run's initialisation; new
 heads (`pretrained.NEW_HEAD_PATTERNS`: atomic, PAWA) are fresh; anything else that differs is an error.
 """
@@ -59,8 +59,9 @@ def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _only_vocabulary_differs(ours: tuple[int, ...], saved: tuple[int, ...], vocab_axis: int | None) -> bool:
-    return (vocab_axis is not None and len(ours) == len(saved)
+def _vocabulary_grows(ours: tuple[int, ...], saved: tuple[int, ...], vocab_axis: int | None) -> bool:
+    """Whether only the vocabulary axis differs, and ours is the larger (a smaller one would drop trained rows)."""
+    return (vocab_axis is not None and len(ours) == len(saved) and ours[vocab_axis] > saved[vocab_axis]
             and all(a == b for axis, (a, b) in enumerate(zip(ours, saved)) if axis != vocab_axis))
 
 
@@ -78,7 +79,8 @@ def params_from_run(*, model_dir: str | os.PathLike, fresh_params: Any, sharding
 
     fresh_params: this run's initialised params (unboxed), the source of new heads and of vocabulary rows beyond
       the source run's; shardings: a `Sharding` per leaf (e.g. `Trainer.state_shardings.params`); vocab_axes:
-      path -> vocabulary axis (`vocabulary_axes`), the only axis along which a parameter may differ.
+      path -> vocabulary axis (`vocabulary_axes`), the only axis along which a parameter may differ, and only by
+      being larger here.
     """
     directory = pathlib.Path(model_dir) / CHECKPOINTS_SUBDIR
     checkpointer = Checkpointer(directory, asynchronous=False)
@@ -99,7 +101,7 @@ def params_from_run(*, model_dir: str | os.PathLike, fresh_params: Any, sharding
             unused = [p for p in unused if p.split("/")[0] != "logits_dense"]
         mismatched = [f"{p}: ours {tuple(leaf.shape)}, saved {saved[p].shape}" for p, (_, leaf) in zip(paths, leaves)
                       if p in saved and tuple(leaf.shape) != saved[p].shape
-                      and not _only_vocabulary_differs(tuple(leaf.shape), saved[p].shape, vocab_axes.get(p))]
+                      and not _vocabulary_grows(tuple(leaf.shape), saved[p].shape, vocab_axes.get(p))]
         if missing or unused or mismatched:
             raise ValueError(
                 f"{directory} (step {step}) does not hold this network's parameters: "
@@ -131,7 +133,7 @@ def params_from_run(*, model_dir: str | os.PathLike, fresh_params: Any, sharding
             counts["copied"] += 1
         else:
             source = restored[path]
-            overlap = tuple(slice(0, min(a, b)) for a, b in zip(leaf.shape, source.shape))
+            overlap = tuple(slice(0, n) for n in source.shape)
             out.append(jax.jit(lambda fresh, source, overlap=overlap: fresh.at[overlap].set(source[overlap]),
                                out_shardings=sharding)(leaf, source))
             counts["mixed"] += 1

@@ -207,10 +207,13 @@ def test_continued_pretraining_then_indexing_starts_from_its_params(data_dir, tm
     heads = [path for path in params if path.startswith("atomic_logits_dense")]
     assert heads and all(np.array_equal(params[path], fresh[path]) for path in heads)
 
-    wider = _experiment(data_dir, tmp_path / "wider")
-    wider = dataclasses.replace(wider, network_config=dataclasses.replace(wider.network_config, mlp_dim=96))
-    with pytest.raises(ValueError, match=r"does not hold this network's parameters: 0 missing .* with other shapes"):
-        started(wider)
+    # Another MLP width is another network; a smaller vocabulary would drop trained rows: both refused.
+    for name, change in (("wider", {"mlp_dim": 96}), ("smaller", {"vocab_size": 330})):
+        other = _experiment(data_dir, tmp_path / name)
+        other = dataclasses.replace(other, network_config=dataclasses.replace(other.network_config, **change))
+        with pytest.raises(ValueError, match=r"does not hold this network's parameters: 0 missing .* 0 not in this "
+                                             r"network \[\], [1-9]\d* with other shapes"):
+            started(other)
 
 
 def test_train_eval_search_entry_points(data_dir, tmp_path, capsys):
