@@ -166,15 +166,18 @@ def test_docid_head_range_is_filled_from_the_docid_table(data_dir, tmp_path, hea
         narrow.build()
 
 
-def test_continued_pretraining_then_indexing_starts_from_its_params(data_dir, tmp_path):
+def test_indexing_run_starts_from_a_continued_pretraining_run(data_dir, tmp_path):
     from gr_jax import warm_start
     from gr_jax.checkpoints import path_str
+    # The span corruption run's checkpoint (its data is checked in test_tasks; training it adds nothing here).
     pretrain = _experiment(data_dir, tmp_path / "pt")
     pretrain = dataclasses.replace(pretrain, dataset=dataclasses.replace(pretrain.dataset, row="span_corruption"))
-    final = training.train(experiment=pretrain, num_train_steps=2, eval_config=NO_EVAL, progress=False)
-    assert math.isfinite(final["train/loss"])
-    source = {path_str(p): x for p, x in jax.tree_util.tree_leaves_with_path(
-        jax.device_get(pretrain.build().restore()[0].params))}
+    built = pretrain.build()
+    built.checkpointer.save(3, state=built.trainer.init_state(jax.random.PRNGKey(3)),
+                            input_state={"batches_consumed": 3, "seed": 0})
+    built.checkpointer.wait_until_finished()
+    source = {path_str(p): x for p, x in jax.tree_util.tree_leaves_with_path(jax.device_get(built.restore()[0].params))}
+    assert warm_start.is_run_dir(tmp_path / "pt") and not warm_start.is_run_dir(data_dir)  # vs a Hugging Face dir
 
     def started(experiment):
         built = experiment.build()
@@ -207,13 +210,19 @@ def test_continued_pretraining_then_indexing_starts_from_its_params(data_dir, tm
     heads = [path for path in params if path.startswith("atomic_logits_dense")]
     assert heads and all(np.array_equal(params[path], fresh[path]) for path in heads)
 
-    # Another MLP width is another network; a smaller vocabulary would drop trained rows: both refused.
+    # Another MLP width is another network; a smaller vocabulary would drop trained rows: both refused (checked on
+    # shapes alone, before any value is read).
     for name, change in (("wider", {"mlp_dim": 96}), ("smaller", {"vocab_size": 330})):
         other = _experiment(data_dir, tmp_path / name)
         other = dataclasses.replace(other, network_config=dataclasses.replace(other.network_config, **change))
+        trainer = other.build().trainer
+        boxed = jax.eval_shape(lambda: trainer.model.init(jax.random.PRNGKey(0), input_length=16,
+                                                          target_length=12))["params"]
         with pytest.raises(ValueError, match=r"does not hold this network's parameters: 0 missing .* 0 not in this "
                                              r"network \[\], [1-9]\d* with other shapes"):
-            started(other)
+            warm_start.params_from_run(model_dir=tmp_path / "pt", fresh_params=trainer.abstract_state.params,
+                                       shardings=trainer.state_shardings.params,
+                                       vocab_axes=warm_start.vocabulary_axes(boxed))
 
 
 def test_train_eval_search_entry_points(data_dir, tmp_path, capsys):
