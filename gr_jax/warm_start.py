@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import flax.linen as nn
+from flax import traverse_util
 import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec, Sharding
@@ -38,25 +39,6 @@ CHECKPOINTS_SUBDIR = "checkpoints"
 def is_run_dir(path: str | os.PathLike) -> bool:
     """Whether `path` is a gr_jax model dir (it has a checkpoints/ subdir) rather than a Hugging Face dir."""
     return (pathlib.Path(path) / CHECKPOINTS_SUBDIR).is_dir()
-
-
-def _nested(flat: dict[str, Any]) -> dict:
-    tree: dict = {}
-    for path, value in flat.items():
-        *parents, leaf = path.split("/")
-        node = tree
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[leaf] = value
-    return tree
-
-
-def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
-    out = {}
-    for key, value in tree.items():
-        path = f"{prefix}/{key}" if prefix else str(key)
-        out.update(_flat(value, path) if isinstance(value, dict) else {path: value})
-    return out
 
 
 def _vocabulary_grows(ours: tuple[int, ...], saved: tuple[int, ...], vocab_axis: int | None) -> bool:
@@ -119,7 +101,8 @@ def params_from_run(*, model_dir: str | os.PathLike, fresh_params: Any, sharding
                 replicated = NamedSharding(sharding.mesh, PartitionSpec()) if isinstance(sharding, NamedSharding) \
                     else sharding
                 targets[path] = jax.ShapeDtypeStruct(saved[path].shape, leaf.dtype, sharding=replicated)
-        restored = _flat(checkpointer.restore_params(step, abstract_params=_nested(targets)))
+        restored = traverse_util.flatten_dict(checkpointer.restore_params(
+            step, abstract_params=traverse_util.unflatten_dict(targets, sep="/")), sep="/")
     finally:
         checkpointer.close()
 
