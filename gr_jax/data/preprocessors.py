@@ -321,16 +321,16 @@ def span_corruption(
         return {**_repeat_features(example, count), "inputs": tf.RaggedTensor.from_row_lengths(tokens, lengths),
                 "piece": tf.range(count, dtype=tf.int64)}
 
+    # (noise tokens, spans) by piece length 0..window: `span_corruption_counts` itself, looked up in the graph.
+    counts = tf.constant([(0, 0)] + [span_corruption_counts(n, noise_density=noise_density,
+                                                            mean_noise_span_length=mean_noise_span_length)
+                                     for n in range(1, window + 1)], tf.int64)
+
     def corrupt(example: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         tokens = example.pop("inputs")
         piece = example.pop("piece")
         length = tf.size(tokens, out_type=tf.int64)
-        lengthf = tf.cast(length, tf.float64)
-        num_noise = tf.minimum(tf.maximum(tf.cast(tf.round(lengthf * noise_density), tf.int64), 1),
-                               tf.maximum(length - 1, 1))
-        num_spans = tf.minimum(tf.minimum(tf.maximum(tf.cast(tf.round(
-            tf.cast(num_noise, tf.float64) / mean_noise_span_length), tf.int64), 1), num_noise),
-            tf.maximum(length - num_noise, 1))
+        num_noise, num_spans = counts[length, 0], counts[length, 1]
         key = tf.random.experimental.stateless_fold_in(_docid_seed(example["docid"], seed), piece)
         keys = tf.random.experimental.stateless_split(key, 3)
         noise_lengths = _random_partition(num_noise, num_spans, keys[0])
