@@ -2,12 +2,27 @@
 import os
 
 os.environ["JAX_PLATFORMS"] = "cpu"
+# LLVM at -O0: the suite compiles hundreds of tiny programs and runs each a few times, so compile time dominates
+# (the suite takes ~20% less time); numerics are unchanged up to float rounding.
 os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
 ).strip()
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # TensorFlow (used by seqio's tf.data pipelines) must not grab a GPU or many threads.
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+# Many tests (and the entry points they start in subprocesses) compile the same tiny programs again; JAX's
+# persistent compilation cache, in a directory fresh for each session, compiles each once. The cache is keyed by
+# the program, the compile options and the backend, so a hit is the same executable.
+import atexit  # noqa: E402
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _cache_dir = tempfile.mkdtemp(prefix="gr_jax_tests_xla_cache_")
+    atexit.register(shutil.rmtree, _cache_dir, ignore_errors=True)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache_dir
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.3")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import pathlib  # noqa: E402
 
