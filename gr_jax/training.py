@@ -86,12 +86,78 @@ class DatasetConfig:
 
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
-    """Retrieval evaluation during training: every_steps > 0 periodically, 0 only at the end, -1 never."""
+    """Retrieval evaluation during training: every_steps > 0 periodically, 0 only at the end, -1 never.
+
+    Model selection (early stopping on a held-out metric): with `select_split`, the periodic evaluations and
+    one at the last step rank that split instead of the eval split; the state with the best `select_metric`
+    is kept in `model_dir/best/`, training stops after `patience` evaluations without improvement (None:
+    never), and the final evaluation ranks the eval split with that best state. Select on a split other than
+    the one you report (e.g. WordNet's `valid`: definitions of documents without a training query).
+    """
     every_steps: int = 0
     num_beams: int = 40
     constrained: bool = True
     batch_size: int = 32
     max_queries: Optional[int] = None
+    select_split: Optional[str] = None
+    select_metric: str = "MRR@10"
+    patience: Optional[int] = None
+
+    def __post_init__(self):
+        if self.select_split is not None and self.every_steps <= 0:
+            raise ValueError(f"select_split={self.select_split!r} needs periodic evaluation (every_steps > 0), "
+                             f"got every_steps={self.every_steps}")
+        if self.patience is not None and (self.select_split is None or self.patience < 1):
+            raise ValueError(f"patience={self.patience} needs a select_split and must be >= 1")
+
+
+@dataclasses.dataclass
+class ModelSelection:
+    """Model selection's record, kept in `model_dir/selection.json` so that a resumed run goes on with it.
+
+    history: (step, value of `metric` on `split`) per selection evaluation; best_step / best_value: the
+    state kept in `model_dir/best/`; stopped: training ended early (patience ran out).
+    """
+    path: pathlib.Path
+    split: str
+    metric: str
+    history: list[tuple[int, float]] = dataclasses.field(default_factory=list)
+    best_step: Optional[int] = None
+    best_value: float = -math.inf
+    stopped: bool = False
+
+    @classmethod
+    def load(cls, path: pathlib.Path, *, split: str, metric: str, resumed_step: int) -> "ModelSelection":
+        """A fresh record, or the saved one with the evaluations after `resumed_step` (the checkpoint the run
+        resumes from) dropped, since the run will redo them; the best state on disk stays the best."""
+        if not path.exists():
+            return cls(path=path, split=split, metric=metric)
+        saved = json.loads(path.read_text())
+        if (saved["split"], saved["metric"]) != (split, metric):
+            raise ValueError(f"{path} selects on {saved['metric']} of split {saved['split']!r}, this run on "
+                             f"{metric} of {split!r}: use a new model_dir, or delete {path} and {path.parent}/best")
+        history = [(int(step), float(value)) for step, value in saved["history"] if step <= resumed_step]
+        best_step = saved["best_step"]
+        return cls(path=path, split=split, metric=metric, history=history, best_step=best_step,
+                   best_value=-math.inf if best_step is None else float(saved["best_value"]),
+                   stopped=bool(saved["stopped"]) and resumed_step >= max(step for step, _ in saved["history"]))
+
+    @property
+    def evaluations_since_best(self) -> int:
+        return sum(step > (self.best_step or 0) for step, _ in self.history)
+
+    def record(self, step: int, value: float) -> bool:
+        """Adds an evaluation; returns whether it is a new best (ties keep the earlier state)."""
+        self.history.append((step, value))
+        improved = value > self.best_value
+        if improved:
+            self.best_step, self.best_value = step, value
+        return improved
+
+    def save(self) -> None:
+        self.path.write_text(json.dumps({"split": self.split, "metric": self.metric, "best_step": self.best_step,
+                                         "best_value": self.best_value, "stopped": self.stopped,
+                                         "history": self.history}, indent=1))
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -255,9 +321,14 @@ def train(*, experiment: Experiment, num_train_steps: int, checkpoint_every_step
     writer = metric_writers.create_writer(model_dir)
     if gin_config_str and start_step == 0:
         writer.write_texts(0, {"config": gin_config_str})
-    evaluator = None
+    evaluator = selector = selection = best_checkpointer = None
     if eval_config.every_steps >= 0:
         evaluator = built.evaluator(split=dataset.eval_split, eval_config=eval_config)
+    if eval_config.select_split is not None:
+        selector = built.evaluator(split=eval_config.select_split, eval_config=eval_config)
+        selection = ModelSelection.load(model_dir / "selection.json", split=eval_config.select_split,
+                                        metric=eval_config.select_metric, resumed_step=start_step)
+        best_checkpointer = checkpoints.Checkpointer(model_dir / "best", max_to_keep=1, asynchronous=False)
 
     rng = jax.random.PRNGKey(seed + 1)
     pending: list[dict] = []
@@ -286,17 +357,30 @@ def train(*, experiment: Experiment, num_train_steps: int, checkpoint_every_step
         last_log = time.perf_counter()
         return summary
 
-    def run_eval(step: int) -> dict[str, float]:
-        metrics, run = evaluator.evaluate(state.params, progress=progress)
-        writer.write_scalars(step, {f"eval/{k}": v for k, v in metrics.items()})
-        write_trec_run(model_dir / f"run.{dataset.eval_split}.{step}.trec", run, tag=f"gr_jax-{step}")
-        logger.info("step %d eval: %s", step, metrics)
-        return {f"eval/{k}": v for k, v in metrics.items()}
+    def run_eval(step: int, params: Any, *, evaluator: RetrievalEvaluator = evaluator, split: str = dataset.eval_split,
+                 prefix: str = "eval") -> dict[str, float]:
+        metrics, run = evaluator.evaluate(params, progress=progress)
+        writer.write_scalars(step, {f"{prefix}/{k}": v for k, v in metrics.items()})
+        write_trec_run(model_dir / f"run.{split}.{step}.trec", run, tag=f"gr_jax-{step}")
+        logger.info("step %d %s: %s", step, prefix, metrics)
+        return {f"{prefix}/{k}": v for k, v in metrics.items()}
+
+    def select(step: int) -> None:
+        """Evaluates the state on the selection split, keeps it if it is the best so far, applies patience."""
+        metrics = run_eval(step, state.params, evaluator=selector, split=selection.split, prefix="select")
+        if f"select/{selection.metric}" not in metrics:
+            raise KeyError(f"select_metric {selection.metric!r} is not an evaluation metric: "
+                           f"{sorted(k[len('select/'):] for k in metrics)}")
+        if selection.record(step, metrics[f"select/{selection.metric}"]):
+            best_checkpointer.save(step, state=state, input_state={"selected_on": selection.split}, force=True)
+        selection.stopped = eval_config.patience is not None and \
+            selection.evaluations_since_best >= eval_config.patience
+        selection.save()
 
     bar = tqdm.tqdm(total=num_train_steps, initial=start_step, desc="train", unit="step", disable=not progress)
     step = start_step
     try:
-        while step < num_train_steps:
+        while step < num_train_steps and not (selection is not None and selection.stopped):
             batch = next(batches)
             state, metrics = trainer.train_step(state, batch, rng)
             step += 1
@@ -310,11 +394,24 @@ def train(*, experiment: Experiment, num_train_steps: int, checkpoint_every_step
                 flush(step)  # Never save a state whose loss went non-finite.
                 checkpointer.save(step, state=state, input_state={"batches_consumed": start_batch + (
                     step - start_step), "seed": seed})
-            if evaluator is not None and eval_config.every_steps > 0 and step % eval_config.every_steps == 0 \
+            if selection is not None and (step % eval_config.every_steps == 0 or step == num_train_steps):
+                select(step)
+                if selection.stopped:
+                    logger.info("early stop at step %d: no better %s on %s for %d evaluations (best: step %d)",
+                                step, selection.metric, selection.split, eval_config.patience, selection.best_step)
+                    flush(step)
+                    checkpointer.save(step, state=state, force=True, input_state={
+                        "batches_consumed": start_batch + (step - start_step), "seed": seed})
+            elif evaluator is not None and eval_config.every_steps > 0 and step % eval_config.every_steps == 0 \
                     and step != num_train_steps:
-                final.update(run_eval(step))
-        if evaluator is not None:
-            final.update(run_eval(step))
+                final.update(run_eval(step, state.params))
+        if selection is not None and selection.best_step is not None:
+            best, _ = best_checkpointer.restore(selection.best_step, abstract_state=trainer.abstract_state)
+            final.update(run_eval(selection.best_step, best.params))
+            final.update({"select/best_step": selection.best_step, f"select/best_{selection.metric}":
+                          selection.best_value, "select/stopped_at": step})
+        elif evaluator is not None:
+            final.update(run_eval(step, state.params))
     finally:
         bar.close()
         checkpointer.wait_until_finished()

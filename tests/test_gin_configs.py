@@ -60,3 +60,13 @@ def test_pretrain_gin_turns_an_experiment_into_span_corruption_without_retrieval
     assert experiment.dataset.row == "span_corruption" and experiment.dataset.docid_scheme == "naive"
     assert gin.get_configurable(training.EvalConfig)().every_steps == -1
     assert experiment.learning_rate(10**6) == 3e-3  # the experiment's own settings are kept
+
+
+def test_select_gin_turns_on_early_stopping_on_the_valid_split():
+    from gr_jax import training
+    gin_utils.parse_gin(gin_files=["experiments/study_cpu.gin", "runs/select.gin"],
+                        bindings=["MODEL_DIR = '/tmp/unused'", "PATIENCE = 5"])
+    config = gin.get_configurable(training.EvalConfig)()
+    assert (config.every_steps, config.select_split, config.select_metric, config.patience) == (
+        100, "valid", "MRR@10", 5)
+    assert config.num_beams == 20  # the experiment's own settings are kept

@@ -9,6 +9,7 @@ import jax
 import numpy as np
 import pytest
 
+from gr_jax import checkpoints
 from gr_jax import network
 from gr_jax import optimizers
 from gr_jax import partitioning
@@ -145,6 +146,63 @@ def test_non_finite_loss_stops_training_and_keeps_last_good_checkpoint(data_dir,
                        eval_config=NO_EVAL, progress=False)
     state, _ = experiment.build().restore()
     assert all(np.isfinite(x).all() for x in jax.tree.leaves(jax.device_get(state.params)))
+
+
+def test_model_selection_stops_after_patience_and_reports_the_best_state(data_dir, tmp_path):
+    # Learning rate 1e-30: the parameters never change (in float32), so the second selection evaluation ties the first (no
+    # improvement) and patience 1 stops training at step 4 of 8; step 2 stays the selected state.
+    experiment = _experiment(data_dir, tmp_path / "run", lr=1e-30)
+    config = training.EvalConfig(every_steps=2, num_beams=4, batch_size=8, select_split="train", patience=1)
+    final = training.train(experiment=experiment, num_train_steps=8, checkpoint_every_steps=2, eval_config=config,
+                           progress=False)
+    selection = json.loads((tmp_path / "run" / "selection.json").read_text())
+    assert [step for step, _ in selection["history"]] == [2, 4]
+    assert selection["history"][0][1] == selection["history"][1][1] == selection["best_value"]
+    assert (selection["best_step"], selection["stopped"]) == (2, True)
+    assert (final["select/best_step"], final["select/stopped_at"]) == (2, 4)
+    built = experiment.build()
+    assert built.checkpointer.latest_step() == 4  # the early stop saved where it stopped
+    best, _ = checkpoints.Checkpointer(tmp_path / "run" / "best").restore(abstract_state=built.trainer.abstract_state)
+    kept, _ = built.restore(2)
+    assert int(best.step) == 2
+    for a, b in zip(jax.tree.leaves(jax.device_get(best.params)), jax.tree.leaves(jax.device_get(kept.params))):
+        np.testing.assert_array_equal(a, b)
+    # The reported metrics are the eval split's, for the selected state.
+    def retrieval(metrics, prefix=""):  # timings left out
+        return {k: v for k, v in metrics.items() if k.startswith(prefix) and "second" not in k}
+
+    reported = retrieval(training.evaluate(experiment=experiment, eval_config=config, step=2, progress=False))
+    assert len(reported) >= 4 and retrieval(final, "eval/") == {f"eval/{k}": v for k, v in reported.items()}
+    # A stopped run stays stopped when started again, and reports the same.
+    again = training.train(experiment=experiment, num_train_steps=8, checkpoint_every_steps=2, eval_config=config,
+                           progress=False)
+    assert built.checkpointer.latest_step() == 4
+    assert retrieval(again, "eval/") == retrieval(final, "eval/") and retrieval(again, "select/") == retrieval(
+        final, "select/")
+
+
+def test_model_selection_record_keeps_the_first_best_and_resumes_from_its_checkpoint(tmp_path):
+    path = tmp_path / "selection.json"
+    selection = training.ModelSelection.load(path, split="valid", metric="MRR@10", resumed_step=0)
+    assert [selection.record(step, value) for step, value in ((2, 0.1), (4, 0.3), (6, 0.3), (8, 0.2))] == [
+        True, True, False, False]
+    assert (selection.best_step, selection.best_value, selection.evaluations_since_best) == (4, 0.3, 2)
+    selection.stopped = True
+    selection.save()
+    # Resumed from the step-6 checkpoint: the step-8 evaluation will be redone, so it is dropped (and the
+    # stop with it); the best state on disk stays the best.
+    resumed = training.ModelSelection.load(path, split="valid", metric="MRR@10", resumed_step=6)
+    assert resumed.history == [(2, 0.1), (4, 0.3), (6, 0.3)] and not resumed.stopped
+    assert (resumed.best_step, resumed.evaluations_since_best) == (4, 1)
+    with pytest.raises(ValueError, match="selects on MRR@10 of split 'valid'"):
+        training.ModelSelection.load(path, split="dev", metric="MRR@10", resumed_step=6)
+
+
+def test_model_selection_needs_periodic_evaluation():
+    with pytest.raises(ValueError, match="needs periodic evaluation"):
+        training.EvalConfig(select_split="valid")
+    with pytest.raises(ValueError, match="patience=2 needs a select_split"):
+        training.EvalConfig(every_steps=10, patience=2)
 
 
 @pytest.mark.parametrize("head", ["atomic", "pawa"])

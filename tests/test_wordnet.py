@@ -25,6 +25,7 @@ def _dataset_rows(out_dir: pathlib.Path) -> dict:
         "collection": dict(dataset.collection()),
         "train": dict(dataset.queries("train")),
         "dev": dict(dataset.queries("dev")),
+        "valid": dict(dataset.queries("valid")),
         "qrels_train": dataset.qrels("train"),
         "qrels_dev": dataset.qrels("dev"),
     }
@@ -188,6 +189,7 @@ def test_build_noun_food_writes_the_msmarco_layout(tmp_path, wordnet_dir):
     }  # 07899999 has an empty definition: a document without a query.
     assert rows["qrels_train"] == {qid: {qid: 1} for qid in rows["train"]}
     assert rows["qrels_dev"] == {"07843775": {"07843775": 1}}
+    assert rows["valid"] == {}  # coverage 1.0: every non-dev definition is a training query
     assert (tmp_path / "qrels.dev.tsv").read_text() == "07843775\t0\t07843775\t1\n"
     assert summary == json.loads((tmp_path / "summary.json").read_text())
     assert {k: summary[k] for k in ("documents", "train_queries", "dev_queries", "documents_without_query",
@@ -205,6 +207,9 @@ def test_coverage_selects_training_queries_by_the_second_hash(tmp_path, wordnet_
     assert set(_dataset_rows(tmp_path)["train"]) == {"07697825", "07850329"}
     assert summary["coverage_achieved"] == 0.5
     assert summary["documents_without_query"] == 3
+    # The uncovered ones with a definition are the validation split (07899999 has none).
+    assert set(_dataset_rows(tmp_path)["valid"]) == {"07555863", "07852919"} and summary["valid_queries"] == 2
+    assert readers.open_dataset(tmp_path).check_qrels("valid") == 0
     wordnet.build_reverse_dictionary(wordnet_dir=wordnet_dir, lexfiles="noun.food", out_dir=tmp_path / "none",
                                      coverage=0.0, dev_fraction=0.5, seed=0)
     assert _dataset_rows(tmp_path / "none")["train"] == {}

@@ -6,10 +6,12 @@ naive docid); the document text is its lemma names, its hypernyms ("a kind of X,
 examples; the query is its definition, which is *not* part of the document text. Synsets are split by a
 stable hash of the offset into dev queries (`dev_fraction`) and the rest, of which a `coverage` fraction
 get a training query, mirroring the corpus regimes of the study (coverage 0.93 / 0.52 / 0.06). The sets are
-nested: with one seed, the training synsets at coverage 0.52 are a subset of those at 0.93.
+nested: with one seed, the training synsets at coverage 0.52 are a subset of those at 0.93. The definitions of
+the remaining synsets (not dev, not covered) are the `valid` split: queries of documents that, like the dev
+ones, have no training query, disjoint from dev, for choosing a step or hyperparameters without touching dev.
 
-The output directory has the official MS MARCO layout (collection.tsv, queries.{train,dev}.tsv,
-qrels.{train,dev}.tsv) read by `gr_jax.data.readers.open_dataset`, plus summary.json.
+The output directory has the official MS MARCO layout (collection.tsv, queries.{train,dev,valid}.tsv,
+qrels.{train,dev,valid}.tsv) read by `gr_jax.data.readers.open_dataset`, plus summary.json.
 
     python -m tools.wordnet --out_dir data/wordnet_food --lexfiles noun.food [--wordnet_dir /usr/share/wordnet]
         [--coverage 1.0] [--dev_fraction 0.2] [--seed 0]
@@ -50,7 +52,8 @@ LEXNAMES: tuple[str, ...] = (
     "verb.weather", "adj.ppl",
 )
 
-OUTPUT_FILES = ("collection.tsv", "queries.train.tsv", "queries.dev.tsv", "qrels.train.tsv", "qrels.dev.tsv",
+SPLITS = ("train", "dev", "valid")
+OUTPUT_FILES = ("collection.tsv", *(f"{kind}.{split}.tsv" for kind in ("queries", "qrels") for split in SPLITS),
                 "summary.json")
 
 _OFFSET = re.compile(r"\d{8}")
@@ -291,7 +294,8 @@ def build_reverse_dictionary(
     returns its summary (also written to summary.json).
 
     Every selected synset is a document. A synset whose stable hash falls under `dev_fraction` has its
-    definition as a dev query; of the others, those under `coverage` (a second hash) get a training query.
+    definition as a dev query; of the others, those under `coverage` (a second hash) get a training query
+    and the rest a validation query.
     A synset with an empty definition stays a document without a query; it is counted in the summary.
     """
     if not 0.0 <= coverage <= 1.0:
@@ -303,7 +307,7 @@ def build_reverse_dictionary(
     wanted = set(selected_lexfiles)
     selected = [synset for synset in synsets.values() if synset.lexname in wanted]
 
-    documents, train_queries, dev_queries = [], [], []
+    documents, train_queries, dev_queries, valid_queries = [], [], [], []
     dev_synsets = train_pool = empty_definition = empty_document = 0
     for synset in selected:
         text = document_text(synset, synsets)
@@ -321,6 +325,8 @@ def build_reverse_dictionary(
             train_pool += 1
             if stable_fraction(synset.offset, purpose="coverage", seed=seed) < coverage:
                 train_queries.append(query)
+            else:
+                valid_queries.append(query)
 
     summary = {
         "dataset": "WordNet 3.0 reverse dictionary (query: definition; document: lemmas, hypernyms, examples)",
@@ -329,7 +335,8 @@ def build_reverse_dictionary(
         "documents": len(documents),
         "train_queries": len(train_queries),
         "dev_queries": len(dev_queries),
-        "documents_without_query": len(documents) - len(train_queries) - len(dev_queries),
+        "documents_without_query": len(documents) - len(train_queries) - len(dev_queries),  # train or dev
+        "valid_queries": len(valid_queries),
         "empty_definition": empty_definition,
         "empty_document_text": empty_document,
         "dev_fraction": dev_fraction,
@@ -347,7 +354,7 @@ def build_reverse_dictionary(
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=".build-") as tmp:
         built = pathlib.Path(tmp)
         write_tsv(built / "collection.tsv", documents)
-        for split, queries in (("train", train_queries), ("dev", dev_queries)):
+        for split, queries in zip(SPLITS, (train_queries, dev_queries, valid_queries)):
             write_tsv(built / f"queries.{split}.tsv", queries)
             write_tsv(built / f"qrels.{split}.tsv", ((qid, 0, qid, 1) for qid, _ in queries))
         (built / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
