@@ -28,7 +28,25 @@ import pathlib  # noqa: E402
 
 import pytest  # noqa: E402
 
-FIXTURES = pathlib.Path(__file__).parent / "fixtures"
+# The MS MARCO-layout fixtures are tracked as passages.tsv / judgements.{split}.tsv, so that no file of the repo is
+# named like the real MS MARCO collection and qrels; each session reads a copy of tests/fixtures with the official
+# names (collection.tsv, qrels.{split}.tsv), which the readers expect.
+_OFFICIAL_NAMES = {"passages.tsv": "collection.tsv", "judgements.train.tsv": "qrels.train.tsv",
+                   "judgements.dev.tsv": "qrels.dev.tsv"}
+
+
+def _materialise_fixtures() -> pathlib.Path:
+    root = pathlib.Path(tempfile.mkdtemp(prefix="gr_jax_tests_fixtures_"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    copy = root / "fixtures"
+    shutil.copytree(pathlib.Path(__file__).parent / "fixtures", copy)
+    for layout in ("msmarco", "tasks"):
+        for tracked, official in _OFFICIAL_NAMES.items():
+            (copy / layout / tracked).rename(copy / layout / official)
+    return copy
+
+
+FIXTURES = _materialise_fixtures()
 
 
 @pytest.fixture

@@ -16,7 +16,9 @@ from gr_jax.vocabulary import EOS_ID, PAD_ID, load_vocabulary, train_sentencepie
 from tasks import doc2query as doc2query_tasks
 from tools import doc2query
 
-FIXTURE_DATA = pathlib.Path(__file__).parent / "fixtures" / "tasks"
+from conftest import FIXTURES
+
+FIXTURE_DATA = FIXTURES / "tasks"
 INPUT_LENGTH, TARGET_LENGTH = 16, 12
 MICRO = ["--gin.network.T5Config.emb_dim=32", "--gin.network.T5Config.num_heads=2",
          "--gin.network.T5Config.num_encoder_layers=1", "--gin.network.T5Config.num_decoder_layers=1",

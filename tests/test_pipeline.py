@@ -22,7 +22,9 @@ from gr_jax.data.readers import read_collection, read_qrels, read_queries
 from gr_jax.docids import DocidTable
 from gr_jax.vocabulary import EOS_ID, train_sentencepiece
 
-FIXTURE_DATA = pathlib.Path(__file__).parent / "fixtures" / "tasks"
+from conftest import FIXTURES
+
+FIXTURE_DATA = FIXTURES / "tasks"
 NAME = "pipe"
 INPUT_LENGTH, TARGET_LENGTH = 12, 10
 TASKS = ("pipe.firstp.naive", "pipe.daq.naive", "pipe.d2q.naive", "pipe.labeled.naive")

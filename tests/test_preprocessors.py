@@ -1,5 +1,4 @@
 """Each seqio preprocessor of gr_jax.data.preprocessors, checked with seqio.test_utils.assert_dataset."""
-import pathlib
 
 import numpy as np
 import pytest
@@ -13,7 +12,9 @@ from gr_jax.data.readers import read_collection
 from gr_jax.docids import DocidTable
 from gr_jax.vocabulary import EOS_ID, train_sentencepiece
 
-FIXTURE_DATA = pathlib.Path(__file__).parent / "fixtures" / "tasks"
+from conftest import FIXTURES
+
+FIXTURE_DATA = FIXTURES / "tasks"
 # Rows: docid tokens + EOS, PAD after; lengths 3, 5 and 2 (EOS included).
 TABLE = DocidTable(docids=("d7", "d12", "x"),
                    tokens=np.array([[5, 6, 1, 0, 0], [9, 8, 7, 6, 1], [4, 1, 0, 0, 0]], np.int32))

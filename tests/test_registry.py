@@ -24,7 +24,8 @@ from gr_jax.docids import DocidTable
 from gr_jax.vocabulary import EOS_ID, train_sentencepiece
 from tasks import docid_tables
 
-FIXTURES = pathlib.Path(__file__).parent / "fixtures"
+from conftest import FIXTURES
+
 SCHEMES = ("naive", "atomic", "semantic", "semantic2d")
 DATASETS = ("toy", "beir")
 INPUT_LENGTH, TARGET_LENGTH = 16, 12

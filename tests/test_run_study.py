@@ -9,7 +9,9 @@ import pytest
 from gr_jax.vocabulary import train_sentencepiece
 from tools import run_study
 
-FIXTURE_DATA = pathlib.Path(__file__).parent / "fixtures" / "tasks"
+from conftest import FIXTURES
+
+FIXTURE_DATA = FIXTURES / "tasks"
 # Metrics the fake trainer reports per (row, scheme): MRR@10, Recall@1, Recall@10.
 FAKE_METRICS = {("labeled_only", "naive"): (0.5, 0.25, 0.75), ("firstp_labeled", "naive"): (0.625, 0.5, 1.0),
                 ("daq_labeled", "naive"): (0.125, 0.0, 0.5), ("labeled_only", "atomic"): (0.25, 0.25, 0.25),

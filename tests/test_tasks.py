@@ -21,7 +21,9 @@ from gr_jax.data.readers import DataFormatError, RetrievalDataset, read_collecti
 from gr_jax.docids import DocidTable
 from gr_jax.vocabulary import EOS_ID, train_sentencepiece
 
-FIXTURE_DATA = pathlib.Path(__file__).parent / "fixtures" / "tasks"
+from conftest import FIXTURES
+
+FIXTURE_DATA = FIXTURES / "tasks"
 DOCIDS = ("101", "2481", "35", "7067274", "4420", "9", "58213", "600", "77", "31415")
 # (qid, docid) in queries-file then qrels order: query 5 has two relevant docs, 6's second judgement is
 # non-relevant, 8's second names an unknown doc, 9 has no judgement.

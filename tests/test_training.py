@@ -19,7 +19,9 @@ from gr_jax.trainer import Trainer
 from gr_jax.vocabulary import train_sentencepiece
 from tools.bench.train_step import random_batch
 
-FIXTURE_DATA = pathlib.Path(__file__).parent / "fixtures" / "tasks"
+from conftest import FIXTURES
+
+FIXTURE_DATA = FIXTURES / "tasks"
 MICRO = network.T5Config(vocab_size=384, emb_dim=32, num_heads=2, num_encoder_layers=2, num_decoder_layers=2,
                          head_dim=8, mlp_dim=64, dropout_rate=0.1)
 TINY = network.T5Config(vocab_size=384, emb_dim=256, num_heads=4, num_encoder_layers=4, num_decoder_layers=4,

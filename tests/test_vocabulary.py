@@ -1,5 +1,4 @@
 """Tests of gr_jax.vocabulary and tools.make_vocab: T5 ids, one digit per piece, lossless round trip, seqio."""
-import pathlib
 import shutil
 
 import pytest
@@ -9,6 +8,8 @@ from gr_jax import vocabulary
 from gr_jax.data import readers
 from tools import make_vocab
 
+from conftest import FIXTURES
+
 VOCAB_SIZE = 400
 TEXTS_WITH_RARE_CHARACTERS = [
     "docid 07555863 and 8841822",
@@ -17,7 +18,7 @@ TEXTS_WITH_RARE_CHARACTERS = [
 ]
 
 
-MSMARCO_FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "msmarco"
+MSMARCO_FIXTURE = FIXTURES / "msmarco"
 
 
 @pytest.fixture(scope="module")
