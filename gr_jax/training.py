@@ -357,13 +357,18 @@ def train(*, experiment: Experiment, num_train_steps: int, checkpoint_every_step
         last_log = time.perf_counter()
         return summary
 
-    def run_eval(step: int, params: Any, *, evaluator: RetrievalEvaluator = evaluator, split: str = dataset.eval_split,
-                 prefix: str = "eval") -> dict[str, float]:
+    def run_eval(step: int, params: Any, *, evaluator: RetrievalEvaluator = evaluator,
+                 split: str = dataset.eval_split, prefix: str = "eval") -> dict[str, float]:
         metrics, run = evaluator.evaluate(params, progress=progress)
         writer.write_scalars(step, {f"{prefix}/{k}": v for k, v in metrics.items()})
         write_trec_run(model_dir / f"run.{split}.{step}.trec", run, tag=f"gr_jax-{step}")
         logger.info("step %d %s: %s", step, prefix, metrics)
         return {f"{prefix}/{k}": v for k, v in metrics.items()}
+
+    def save_checkpoint(step: int, *, force: bool = False) -> None:
+        flush(step)  # Never save a state whose loss went non-finite.
+        checkpointer.save(step, state=state, force=force,
+                          input_state={"batches_consumed": start_batch + (step - start_step), "seed": seed})
 
     def select(step: int) -> None:
         """Evaluates the state on the selection split, keeps it if it is the best so far, applies patience."""
@@ -391,17 +396,13 @@ def train(*, experiment: Experiment, num_train_steps: int, checkpoint_every_step
                 final.update({f"train/{k}": v for k, v in summary.items()})
                 bar.set_postfix(loss=f"{summary['loss']:.3f}", acc=f"{summary['token_accuracy']:.3f}")
             if step % checkpoint_every_steps == 0 or step == num_train_steps:
-                flush(step)  # Never save a state whose loss went non-finite.
-                checkpointer.save(step, state=state, input_state={"batches_consumed": start_batch + (
-                    step - start_step), "seed": seed})
+                save_checkpoint(step)
             if selection is not None and (step % eval_config.every_steps == 0 or step == num_train_steps):
                 select(step)
                 if selection.stopped:
                     logger.info("early stop at step %d: no better %s on %s for %d evaluations (best: step %d)",
                                 step, selection.metric, selection.split, eval_config.patience, selection.best_step)
-                    flush(step)
-                    checkpointer.save(step, state=state, force=True, input_state={
-                        "batches_consumed": start_batch + (step - start_step), "seed": seed})
+                    save_checkpoint(step, force=True)
             elif evaluator is not None and eval_config.every_steps > 0 and step % eval_config.every_steps == 0 \
                     and step != num_train_steps:
                 final.update(run_eval(step, state.params))

@@ -151,8 +151,8 @@ def test_non_finite_loss_stops_training_and_keeps_last_good_checkpoint(data_dir,
 
 
 def test_model_selection_stops_after_patience_and_reports_the_best_state(data_dir, tmp_path):
-    # Learning rate 1e-30: the parameters never change (in float32), so the second selection evaluation ties the first (no
-    # improvement) and patience 1 stops training at step 4 of 8; step 2 stays the selected state.
+    # Learning rate 1e-30: the parameters never change (in float32), so the second selection evaluation ties
+    # the first (no improvement) and patience 1 stops training at step 4 of 8; step 2 stays the selected state.
     experiment = _experiment(data_dir, tmp_path / "run", lr=1e-30)
     config = training.EvalConfig(every_steps=2, num_beams=4, batch_size=8, select_split="train", patience=1)
     final = training.train(experiment=experiment, num_train_steps=8, checkpoint_every_steps=2, eval_config=config,
