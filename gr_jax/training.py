@@ -116,35 +116,40 @@ class ModelSelection:
     """Model selection's record, kept in `model_dir/selection.json` so that a resumed run goes on with it.
 
     history: (step, value of `metric` on `split`) per selection evaluation; best_step / best_value: the
-    state kept in `model_dir/best/`; stopped: training ended early (patience ran out).
+    state kept in `model_dir/best/`; patience: evaluations without improvement that stop training (None: never).
     """
     path: pathlib.Path
     split: str
     metric: str
+    patience: Optional[int] = None
     history: list[tuple[int, float]] = dataclasses.field(default_factory=list)
     best_step: Optional[int] = None
     best_value: float = -math.inf
-    stopped: bool = False
 
     @classmethod
-    def load(cls, path: pathlib.Path, *, split: str, metric: str, resumed_step: int) -> "ModelSelection":
+    def load(cls, path: pathlib.Path, *, split: str, metric: str, resumed_step: int,
+             patience: Optional[int] = None) -> "ModelSelection":
         """A fresh record, or the saved one with the evaluations after `resumed_step` (the checkpoint the run
         resumes from) dropped, since the run will redo them; the best state on disk stays the best."""
         if not path.exists():
-            return cls(path=path, split=split, metric=metric)
+            return cls(path=path, split=split, metric=metric, patience=patience)
         saved = json.loads(path.read_text())
         if (saved["split"], saved["metric"]) != (split, metric):
             raise ValueError(f"{path} selects on {saved['metric']} of split {saved['split']!r}, this run on "
                              f"{metric} of {split!r}: use a new model_dir, or delete {path} and {path.parent}/best")
         history = [(int(step), float(value)) for step, value in saved["history"] if step <= resumed_step]
         best_step = saved["best_step"]
-        return cls(path=path, split=split, metric=metric, history=history, best_step=best_step,
-                   best_value=-math.inf if best_step is None else float(saved["best_value"]),
-                   stopped=bool(saved["stopped"]) and resumed_step >= max(step for step, _ in saved["history"]))
+        return cls(path=path, split=split, metric=metric, patience=patience, history=history, best_step=best_step,
+                   best_value=-math.inf if best_step is None else float(saved["best_value"]))
 
     @property
     def evaluations_since_best(self) -> int:
         return sum(step > (self.best_step or 0) for step, _ in self.history)
+
+    @property
+    def stopped(self) -> bool:
+        """Patience ran out: training ends (and a resumed run, whose history is the same, stays ended)."""
+        return self.patience is not None and self.evaluations_since_best >= self.patience
 
     def record(self, step: int, value: float) -> bool:
         """Adds an evaluation; returns whether it is a new best (ties keep the earlier state)."""
@@ -327,7 +332,8 @@ def train(*, experiment: Experiment, num_train_steps: int, checkpoint_every_step
     if eval_config.select_split is not None:
         selector = built.evaluator(split=eval_config.select_split, eval_config=eval_config)
         selection = ModelSelection.load(model_dir / "selection.json", split=eval_config.select_split,
-                                        metric=eval_config.select_metric, resumed_step=start_step)
+                                        metric=eval_config.select_metric, resumed_step=start_step,
+                                        patience=eval_config.patience)
         best_checkpointer = checkpoints.Checkpointer(model_dir / "best", max_to_keep=1, asynchronous=False)
 
     rng = jax.random.PRNGKey(seed + 1)
@@ -378,8 +384,6 @@ def train(*, experiment: Experiment, num_train_steps: int, checkpoint_every_step
                            f"{sorted(k[len('select/'):] for k in metrics)}")
         if selection.record(step, metrics[f"select/{selection.metric}"]):
             best_checkpointer.save(step, state=state, input_state={"selected_on": selection.split}, force=True)
-        selection.stopped = eval_config.patience is not None and \
-            selection.evaluations_since_best >= eval_config.patience
         selection.save()
 
     bar = tqdm.tqdm(total=num_train_steps, initial=start_step, desc="train", unit="step", disable=not progress)

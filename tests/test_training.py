@@ -185,15 +185,15 @@ def test_model_selection_stops_after_patience_and_reports_the_best_state(data_di
 
 def test_model_selection_record_keeps_the_first_best_and_resumes_from_its_checkpoint(tmp_path):
     path = tmp_path / "selection.json"
-    selection = training.ModelSelection.load(path, split="valid", metric="MRR@10", resumed_step=0)
+    selection = training.ModelSelection.load(path, split="valid", metric="MRR@10", resumed_step=0, patience=2)
     assert [selection.record(step, value) for step, value in ((2, 0.1), (4, 0.3), (6, 0.3), (8, 0.2))] == [
         True, True, False, False]
     assert (selection.best_step, selection.best_value, selection.evaluations_since_best) == (4, 0.3, 2)
-    selection.stopped = True
+    assert selection.stopped  # two evaluations without improvement: patience 2 ran out
     selection.save()
     # Resumed from the step-6 checkpoint: the step-8 evaluation will be redone, so it is dropped (and the
     # stop with it); the best state on disk stays the best.
-    resumed = training.ModelSelection.load(path, split="valid", metric="MRR@10", resumed_step=6)
+    resumed = training.ModelSelection.load(path, split="valid", metric="MRR@10", resumed_step=6, patience=2)
     assert resumed.history == [(2, 0.1), (4, 0.3), (6, 0.3)] and not resumed.stopped
     assert (resumed.best_step, resumed.evaluations_since_best) == (4, 1)
     with pytest.raises(ValueError, match="selects on MRR@10 of split 'valid'"):

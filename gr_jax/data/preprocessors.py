@@ -295,8 +295,9 @@ def span_corruption(
     """T5's span corruption over every token of each document: one example per `window`-token piece.
 
     A document of n tokens is cut into ceil(n / window) consecutive pieces (the last one shorter: no token
-    is dropped; an empty document has nothing to corrupt and gives no example). In each piece `span_corruption_counts` noise tokens form that many spans, placed by random
-    partitions of the noise and non-noise tokens, alternating and starting with non-noise, then rotated by a
+    is dropped; an empty document has nothing to corrupt and gives no example). In each piece
+    `span_corruption_counts` noise tokens form that many spans, placed by random partitions of the noise and
+    non-noise tokens, alternating and starting with non-noise, then rotated by a
     random offset (so a lone span is not always last; a span split by the rotation counts as two); the i-th
     span becomes sentinel `sentinel_start + i` (ids after the SentencePiece pieces, as T5's extra ids):
 
