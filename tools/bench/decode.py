@@ -396,7 +396,10 @@ def host_callback_step_fn(*, logits_table: jax.Array, trie: GenreTrie, num_beams
     def allowed_tokens(batch_id: int, sent: np.ndarray) -> list[int]:  # GENRE's prefix_allowed_tokens_fn
         return trie.get(sent.tolist())
 
-    def host_mask(input_ids: np.ndarray, position: np.ndarray) -> np.ndarray:
+    def host_mask(input_ids: jax.Array, position: jax.Array) -> np.ndarray:
+        # JAX hands the callback jax.Arrays, whose per-row iteration and indexing dispatch one host op
+        # each; HF's processor iterates CPU torch tensors, which is cheap: convert once, as a port would.
+        input_ids = np.asarray(input_ids)
         return prefix_constrained_mask(allowed_tokens, num_beams, input_ids[:, :int(position) + 1],
                                        (rows, vocab_size))
 
