@@ -411,8 +411,9 @@ def train(*, experiment: Experiment, num_train_steps: int, checkpoint_every_step
                     and step != num_train_steps:
                 final.update(run_eval(step, state.params))
         if selection is not None and selection.best_step is not None:
-            best, _ = best_checkpointer.restore(selection.best_step, abstract_state=trainer.abstract_state)
-            final.update(run_eval(selection.best_step, best.params))
+            best_params = best_checkpointer.restore_params(selection.best_step,
+                                                           abstract_params=trainer.abstract_state.params)
+            final.update(run_eval(selection.best_step, best_params))
             final.update({"select/best_step": selection.best_step, f"select/best_{selection.metric}":
                           selection.best_value, "select/stopped_at": step})
         elif evaluator is not None:
