@@ -335,7 +335,7 @@ def build_reverse_dictionary(
         "documents": len(documents),
         "train_queries": len(train_queries),
         "dev_queries": len(dev_queries),
-        "documents_without_query": len(documents) - len(train_queries) - len(dev_queries),  # train or dev
+        "documents_without_query": len(documents) - len(train_queries) - len(dev_queries),  # valid ones included
         "valid_queries": len(valid_queries),
         "empty_definition": empty_definition,
         "empty_document_text": empty_document,
