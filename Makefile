@@ -26,18 +26,27 @@ $(STAMP): setup.py Makefile
 wordnet:
 	@test -f $(WORDNET_DIR)/data.noun || { \
 	  echo "WordNet not found in $(WORDNET_DIR); installing Debian's wordnet-base"; \
-	  (apt-get update -qq && apt-get install -y -qq wordnet-base) >/dev/null || { \
+	  (apt-get update -qq && apt-get install -y -qq wordnet-base) >/dev/null 2>&1 || { \
 	    echo "Could not install wordnet-base: run 'apt-get install -y wordnet-base' as root, or pass WORDNET_DIR=<a WordNet dict dir, e.g. nltk_data/corpora/wordnet>"; exit 1; }; }
 
 $(DEMO_DATA)/spm.model: | $(STAMP) wordnet
-	$(PY) -m tools.wordnet --wordnet_dir $(WORDNET_DIR) --lexfiles noun.food --out_dir $(DEMO_DATA)
-	$(PY) -m tools.make_vocab --data_dir $(DEMO_DATA) --vocab_size 2000
+	@echo "Building the WordNet noun.food reverse dictionary and its vocabulary in $(DEMO_DATA)"
+	@$(PY) -m gr_jax.tools.wordnet --wordnet_dir $(WORDNET_DIR) --lexfiles noun.food --out_dir $(DEMO_DATA) \
+	  > $(DEMO_DATA).wordnet.json
+	@$(PY) -m gr_jax.tools.make_vocab --data_dir $(DEMO_DATA) --vocab_size 2000 > $(DEMO_DATA).vocab.json
 
+# The demo prints its progress bars and its result table; each step's JSON summary goes to $(DEMO_DIR), and
+# GR_JAX_LOG_LEVEL=INFO shows the training logs.
+demo: export GR_JAX_LOG_LEVEL ?= WARNING
 demo: $(STAMP) $(DEMO_DATA)/spm.model
-	mkdir -p $(DEMO_DIR)
-	$(PY) -m tools.bm25 --data_dir $(DEMO_DATA) --split dev --run_file $(DEMO_DIR)/bm25.dev.trec > $(DEMO_DIR)/bm25.json
-	$(PY) -m gr_jax.train --gin_file=experiments/wordnet_demo.gin --gin.MODEL_DIR=$(DEMO_DIR) --gin.TRAIN_STEPS=$(DEMO_STEPS)
-	$(PY) -m tools.demo_report --model_dir $(DEMO_DIR) --bm25 $(DEMO_DIR)/bm25.json
+	@mkdir -p $(DEMO_DIR)
+	@echo "BM25 on the dev definitions"
+	@$(PY) -m gr_jax.tools.bm25 --data_dir $(DEMO_DATA) --split dev --run_file $(DEMO_DIR)/bm25.dev.trec \
+	  > $(DEMO_DIR)/bm25.json
+	@echo "Training a tiny T5.1.1 for $(DEMO_STEPS) steps, then ranking the dev definitions"
+	@$(PY) -m gr_jax.train --gin_file=experiments/wordnet_demo.gin --gin.MODEL_DIR=$(DEMO_DIR) \
+	  --gin.TRAIN_STEPS=$(DEMO_STEPS)
+	@$(PY) -m gr_jax.tools.demo_report --model_dir $(DEMO_DIR) --bm25 $(DEMO_DIR)/bm25.json
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests

@@ -15,7 +15,6 @@ INSTALL_REQUIRES = [
     "tensorflow-datasets==4.9.10",
     "sentencepiece==0.2.3",
     "gin-config==0.5.0",
-    "clu==0.0.12",
     "numpy==2.4.6",
     "tqdm==4.70.1",
     "bm25s==0.3.16",
@@ -37,7 +36,11 @@ setuptools.setup(
     version="0.1.0",
     description="Generative retrieval (DSI-style) with T5.1.1 in JAX/Flax, t5x-style.",
     python_requires=">=3.10",
-    packages=setuptools.find_packages(include=["gr_jax", "gr_jax.*", "tasks", "tasks.*", "tools", "tools.*"]),
+    # The repository's `tasks/` and `tools/` folders install as `gr_jax.tasks` and `gr_jax.tools`: top-level
+    # packages named `tasks` and `tools` would shadow (or be shadowed by) any other package of that name.
+    packages=[*setuptools.find_packages(include=["gr_jax", "gr_jax.*"]),
+              *(f"gr_jax.{name}" for name in setuptools.find_packages(include=["tasks", "tasks.*", "tools", "tools.*"]))],
+    package_dir={"gr_jax": "gr_jax", "gr_jax.tasks": "tasks", "gr_jax.tools": "tools"},
     package_data={"": ["*.gin"]},
     install_requires=INSTALL_REQUIRES,
     extras_require={"test": TEST_REQUIRES},

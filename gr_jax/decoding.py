@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from gr_jax.trie import DEAD_STATE, Trie
+from gr_jax.docids.trie import DEAD_STATE, Trie
 from gr_jax.vocabulary import EOS_ID, PAD_ID
 
 StepFn = Callable[[jax.Array, jax.Array, Any], tuple[jax.Array, Any]]

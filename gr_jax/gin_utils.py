@@ -58,7 +58,9 @@ def parse_args(argv: Sequence[str], *, description: str) -> tuple[argparse.Names
 def _only_plain_file_readers() -> None:
     """gin 0.5.0 also looks gin paths up as Python package resources, and crashes (TypeError) when a folder of the
     working directory shares the path's first component (e.g. an output folder `runs/` next to `runs/train.gin`):
-    namespace packages have no __file__. Our gin files are plain files, so only the plain reader is kept."""
+    namespace packages have no __file__. Our gin files are plain files, so only the plain reader is kept. gin has no
+    public way to do this: `gin.config.register_file_reader` only appends readers, and the resource reader is tried
+    for the working directory's prefix before any search path."""
     from gin import config as gin_config
     gin_config._FILE_READERS[:] = [(reader, exists) for reader, exists in gin_config._FILE_READERS
                                    if reader is open]
@@ -70,17 +72,6 @@ def parse_gin(*, gin_files: Sequence[str], bindings: Sequence[str], search_paths
     for path in [*search_paths, str(GIN_CONFIGS_DIR), os.getcwd()]:
         gin.add_config_file_search_path(path)
     gin.parse_config_files_and_bindings(list(gin_files), list(bindings), finalize_config=True)
-
-
-def setup_logging() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    # seqio/tf.data must never take an accelerator from JAX.
-    try:
-        import tensorflow as tf
-        tf.config.set_visible_devices([], "GPU")
-    except Exception:  # pragma: no cover - tensorflow without GPU support
-        pass
 
 
 def initialize_distributed() -> None:

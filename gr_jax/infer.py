@@ -10,27 +10,34 @@ from __future__ import annotations
 import argparse
 import sys
 
+from gr_jax import entry_point
 from gr_jax import evaluation
-from gr_jax import gin_utils
 from gr_jax import search
 from gr_jax.data.readers import read_queries
 
 
 def main(argv=None) -> None:
-    gin_utils.setup_logging()
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model_dir", required=True)
     parser.add_argument("--queries", required=True, help="qid \\t query lines")
     parser.add_argument("--output", required=True, help="TREC run file to write")
     parser.add_argument("--num_beams", type=int, default=40)
+    parser.add_argument("--top_k", type=int, default=None, help="documents per query (default: --num_beams)")
+    parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--unconstrained", action="store_true", help="decode without the docid trie")
     args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
-    searcher = search.Searcher.from_model_dir(args.model_dir, gin_args=rest, num_beams=args.num_beams,
-                                              constrained=not args.unconstrained)
-    queries = list(read_queries(args.queries))
-    run = searcher.rank(queries)
-    evaluation.write_trec_run(args.output, run, tag="gr_jax")
-    print(f"wrote {len(run)} rankings to {args.output}")
+    entry_point.setup()
+
+    def body() -> None:
+        queries = list(read_queries(args.queries))
+        _, retriever = search.restore_retriever(args.model_dir, gin_args=rest, num_beams=args.num_beams,
+                                                constrained=not args.unconstrained, batch_size=args.batch_size,
+                                                show_progress=sys.stderr.isatty())
+        ranking = retriever.rank([text for _, text in queries], k=args.top_k or args.num_beams)
+        evaluation.write_trec_run(args.output, ranking.run([qid for qid, _ in queries]), tag="gr_jax")
+        print(f"wrote {len(queries)} rankings to {args.output}")
+
+    entry_point.run(body)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,14 @@
-"""Token losses and NCI's consistency regularisers, per target position (callers weight and sum them).
+"""Training losses as functions of the model's outputs, configured in one place (`Experiment.loss`, gin).
+
+A loss receives one `Outputs` per forward pass of a training batch (teacher-forced logits and decoder states, each
+target token's logits column and weight) and returns a summed loss with metrics of sums, so that gradient
+accumulation and multi-device reduction normalise by the true number of target tokens. Losses:
+  * `TokenCrossEntropy`: cross entropy of the target tokens plus t5x's z-loss (the default);
+  * `ConsistencyRegularised`: an objective over two dropout passes plus NCI's consistency regulariser between them.
+A new objective (SToICaL's soft targets, a contrastive loss) is one new class here and a gin binding.
 
 Everything is computed in float32 from logits (log space); masked logits are the network's finite NEG_INF, so no
-term is inf - inf and padding positions are zeroed by the caller's weights, never by multiplying an inf.
+term is inf - inf and padding positions are zeroed by the weights, never by multiplying an inf.
 
 Consistency (NCI, Wang et al. 2022, Sec. 3.4; R-Drop): the same batch goes through the network twice with
 different dropout masks, and the two passes are pulled together at every valid target position, either
@@ -11,14 +18,41 @@ different dropout masks, and the two passes are pulled together at every valid t
 """
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
+from typing import Protocol
+
 import jax
 import jax.numpy as jnp
 
-from gr_jax.network import CONSISTENCY_LOSSES, NEG_INF
+from gr_jax.network import NEG_INF
 
 Array = jax.Array
 
-__all__ = ["CONSISTENCY_LOSSES", "contrastive_consistency", "cross_entropy_with_z_loss", "symmetric_kl"]
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Outputs:
+    """One teacher-forced pass over a batch, as a loss sees it.
+
+    logits: float32[batch, length, columns]; states: the decoder's final states [batch, length, embed];
+    columns: int32[batch, length], the logits column of each target token (the head's `target_columns`);
+    weights: float32[batch, length]; invalid: bool[batch, length], weighted targets the head cannot score.
+    """
+    logits: Array
+    states: Array
+    columns: Array
+    weights: Array
+    invalid: Array
+
+
+class Loss(Protocol):
+    """`(passes) -> (summed loss, metrics of sums)`; `num_passes` forward passes per training batch, each with its
+    own dropout key (evaluation without dropout gives one pass)."""
+
+    num_passes: int
+
+    def __call__(self, passes: Sequence[Outputs]) -> tuple[Array, dict[str, Array]]: ...
 
 
 def cross_entropy_with_z_loss(logits: Array, targets: Array, *, z_loss: float) -> tuple[Array, Array]:
@@ -69,3 +103,95 @@ def contrastive_consistency(states_a: Array, states_b: Array, valid: Array, *, t
     per_state = jax.nn.logsumexp(sim, axis=-1) - positive_sim  # [L, 2B]
     per_state = jnp.where(ok.T, per_state, 0.0)
     return (0.5 * (per_state[:, :batch] + per_state[:, batch:])).T  # [B, L]
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenCrossEntropy:
+    """Cross entropy of every weighted target token plus t5x's z-loss (`z_loss` = 1e-4, t5x's default).
+
+    Metrics (sums): loss, z_loss, weight (target tokens), correct_tokens, correct_sequences (every weighted token
+    right: exact match of the docid), num_sequences. A weighted invalid target makes the loss NaN.
+    """
+    z_loss: float = 1e-4
+    num_passes = 1
+
+    def __call__(self, passes: Sequence[Outputs]) -> tuple[Array, dict[str, Array]]:
+        (out,) = passes
+        token_loss, z = cross_entropy_with_z_loss(out.logits, out.columns, z_loss=self.z_loss)
+        token_loss = jnp.where(out.invalid, jnp.nan, token_loss)
+        weights = out.weights
+        correct = (jnp.argmax(out.logits, axis=-1) == out.columns).astype(jnp.float32)
+        seq_correct = jnp.all((correct > 0) | (weights == 0), axis=-1).astype(jnp.float32)
+        has_target = (jnp.sum(weights, axis=-1) > 0).astype(jnp.float32)
+        metrics = {
+            "loss": jnp.sum(token_loss * weights),
+            "z_loss": jnp.sum(z * weights),
+            "weight": jnp.sum(weights),
+            "correct_tokens": jnp.sum(correct * weights),
+            "correct_sequences": jnp.sum(seq_correct * has_target),
+            "num_sequences": jnp.sum(has_target),
+        }
+        return metrics["loss"], metrics
+
+
+class ConsistencyMeasure(Protocol):
+    """Per-position disagreement of two passes, float32[batch, length] (>= 0)."""
+
+    def __call__(self, a: Outputs, b: Outputs) -> Array: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class SymmetricKL:
+    """R-Drop's measure: the symmetric KL divergence of the two passes' output distributions (`symmetric_kl`)."""
+
+    def __call__(self, a: Outputs, b: Outputs) -> Array:
+        return symmetric_kl(a.logits, b.logits)
+
+
+@dataclasses.dataclass(frozen=True)
+class ContrastiveStates:
+    """NCI's Eq. 5 (`contrastive_consistency`): each decoder state must pick out its other pass within the batch."""
+    temperature: float = 1.0
+
+    def __post_init__(self):
+        if not self.temperature > 0.0:
+            raise ValueError(f"consistency temperature must be > 0, got {self.temperature}")
+
+    def __call__(self, a: Outputs, b: Outputs) -> Array:
+        return contrastive_consistency(a.states, b.states, a.weights > 0, temperature=self.temperature)
+
+
+@dataclasses.dataclass(frozen=True)
+class ConsistencyRegularised:
+    """NCI's consistency regulariser (Wang et al. 2022, Sec. 3.4): the batch runs twice with independent dropout
+    masks; the loss is the two passes' mean `objective` plus `weight` x the `measure` summed over the weighted
+    target positions (NCI: weight 0.15). Metrics add `consistency_loss` (the unweighted sum) and keep pass 1's
+    accuracy. Given one pass (evaluation, no dropout) it is the objective alone.
+    """
+    weight: float
+    measure: ConsistencyMeasure = SymmetricKL()
+    objective: Loss = TokenCrossEntropy()
+    num_passes = 2
+
+    def __post_init__(self):
+        if not callable(self.measure):
+            raise ValueError(f"consistency measure must be one of SymmetricKL(), ContrastiveStates() or another "
+                             f"ConsistencyMeasure, got {self.measure!r}")
+        if not self.weight >= 0.0:
+            raise ValueError(f"consistency weight must be >= 0, got {self.weight}")
+        if self.objective.num_passes != 1:
+            raise ValueError("the consistency regulariser's objective must take one pass per call")
+
+    def __call__(self, passes: Sequence[Outputs]) -> tuple[Array, dict[str, Array]]:
+        if len(passes) == 1:
+            return self.objective(passes)
+        a, b = passes
+        loss_a, metrics = self.objective([a])
+        loss_b, metrics_b = self.objective([b])
+        per_position = self.measure(a, b)
+        consistency = jnp.sum(jnp.where(a.weights > 0, per_position * a.weights, 0.0))
+        total = 0.5 * (loss_a + loss_b) + self.weight * consistency
+        metrics = dict(metrics, loss=total, consistency_loss=consistency)
+        if "z_loss" in metrics:
+            metrics["z_loss"] = 0.5 * (metrics["z_loss"] + metrics_b["z_loss"])
+        return total, metrics

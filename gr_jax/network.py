@@ -14,16 +14,10 @@ Two decoding paths share the same parameters:
     repeated per beam: a step reshapes its `batch * beams` queries to `[batch, beams, ...]` against `[batch, ...]`
     keys.
 
-Three output heads, chosen by `T5Config.decoder_head` (gin: `gin_configs/decoders/*.gin`):
-  * 'standard': the shared output projection `logits_dense` [embed, vocab] at every position (T5.1.1).
-  * 'atomic' (DSI's atomic docids): `atomic_logits_dense` [embed, docids] has one column per document, split over
-    the 'model' mesh axis; retrieval is one decoder step and a top-k over all columns (the whole corpus ranked
-    at once, see `gr_jax.models.EncoderDecoderModel.rank_atomic`). Docid i is the token `docid_vocab_start + i`
-    (table row `[docid_vocab_start + i, EOS]`, `gr_jax.semantic_ids.atomic_docid_table`), column i of the head.
-  * 'pawa' (NCI's prefix-aware weight-adaptive decoder, Wang et al. 2022): a second, randomly initialised decoder
-    stack (`pawa/...`) reads the docid prefix and the query encoding and generates, at every position t, a matrix
-    M_t [embed, embed]; the position's projection is W_t = M_t W [embed, vocab] with W the shared `logits_dense`,
-    restricted to the docid tokens and EOS (other columns masked). As NCI's `adaptor_decode` (modeling_t5.py).
+Output heads are modules of `gr_jax.heads`, chosen by name in `T5Config.decoder_head` (gin:
+`gin_configs/decoders/*.gin`): 'standard' (T5.1.1's output projection), 'atomic' (one column per document) and
+'pawa' (NCI's prefix-aware weight-adaptive decoder). The Transformer shares its scope with its head, so a head's
+parameters sit at the top of the tree (`logits_dense`, `atomic_logits_dense`, `pawa/...`).
 """
 from __future__ import annotations
 
@@ -36,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from gr_jax.vocabulary import EOS_ID, PAD_ID
+from gr_jax.vocabulary import PAD_ID
 
 Array = jax.Array
 Initializer = Callable[..., Array]
@@ -47,31 +41,18 @@ BATCH, LENGTH, EMBED, MLP, HEADS, KV, VOCAB, RELPOS = (
 
 NEG_INF = -1e10  # finite, so fully masked rows stay NaN-free
 
-DECODER_HEADS = ("standard", "atomic", "pawa")
-CONSISTENCY_LOSSES = ("symmetric_kl", "contrastive")  # see gr_jax.losses
-# The atomic head's columns are padded to a multiple of this (masked), so the 'model' mesh axis divides them.
-ATOMIC_COLUMNS_MULTIPLE = 128
-
 
 @dataclasses.dataclass(frozen=True)
 class T5Config:
     """Dimensions and numerics of a T5.1.1 network; gin binds it (size gins change only dimensions).
 
-    `vocab_size` may be left None: entry points fill it from the SentencePiece vocabulary (rounded up to a multiple
-    of 128, as T5's 32,128). `output_vocab_size` lets the decoder's output layer cover a different vocabulary from the
-    input embedding (e.g. atomic docids); None means the same as `vocab_size`.
+    `vocab_size` may be left None: entry points fill it from the run's docid space (rounded up to a multiple of
+    128, as T5's 32,128). `output_vocab_size` lets the decoder's output layer cover a different vocabulary from the
+    input embedding; None means the head's default (see `gr_jax.heads`).
 
-    `decoder_head` picks the output layer (see the module docstring). 'atomic' and 'pawa' need the docid tokens'
-    id range [`docid_vocab_start`, `docid_vocab_start + docid_vocab_size`): the tokens `gr_jax.semantic_ids` appends
-    after the text vocabulary (`ExtendedDocidTable.vocab_size` and `.num_extra_tokens`). 'atomic': one docid per
-    token, the head has docid_vocab_size columns, and `logits_vocab_size` (the token space of the decoded
-    sequences) defaults to the range's end. 'pawa': the 2D semantic tokens, inside `vocab_size` (the PAWA stack
-    embeds the prefix); `pawa_num_layers` (default: half the decoder's layers, which reproduces the study's PAWA
-    sizes: 761M for Base, 2.1B for Large) sets the PAWA stack's depth.
-
-    `consistency_weight` > 0 turns on NCI's consistency regulariser between two dropout passes (NCI: 0.15), of kind
-    `consistency_loss` ('symmetric_kl' or 'contrastive', see `gr_jax.losses`). A training setting, kept here (as
-    NCI keeps `Rdrop` in its T5 config) so that gin binds it with the network: `network.T5Config.consistency_weight`.
+    `decoder_head` names the output head (`gr_jax.heads.HEADS`). Heads over docid tokens ('atomic', 'pawa') need
+    the tokens' id range [`docid_vocab_start`, `docid_vocab_start + docid_vocab_size`), which the model builder
+    fills from the docid space when gin leaves it unset; `pawa_num_layers` sets the PAWA stack's depth.
     """
     vocab_size: Optional[int] = None
     emb_dim: int = 512
@@ -92,70 +73,24 @@ class T5Config:
     pawa_num_layers: Optional[int] = None
     docid_vocab_start: Optional[int] = None
     docid_vocab_size: Optional[int] = None
-    consistency_weight: float = 0.0
-    consistency_loss: str = "symmetric_kl"
-    consistency_temperature: float = 1.0
 
     def __post_init__(self):
         if self.vocab_size is not None and self.vocab_size <= 0:
             raise ValueError(f"vocab_size must be positive, got {self.vocab_size}")
         for act in self.mlp_activations:
             _activation(act)  # Fails early on an unknown name.
-        if self.decoder_head not in DECODER_HEADS:
-            raise ValueError(f"decoder_head must be one of {DECODER_HEADS}, got {self.decoder_head!r}")
-        if self.decoder_head in ("atomic", "pawa"):
-            if (self.docid_vocab_start is None) != (self.docid_vocab_size is None):
-                raise ValueError(f"decoder_head={self.decoder_head!r}: set both docid_vocab_start and "
-                                 "docid_vocab_size, or neither (the entry points fill them from the docid table)")
-        if self.decoder_head in ("atomic", "pawa") and self.docid_vocab_start is not None:
-            if self.docid_vocab_start <= EOS_ID or self.docid_vocab_size < 1:
-                raise ValueError(f"docid tokens must be ids above EOS={EOS_ID} (docid_vocab_start="
-                                 f"{self.docid_vocab_start}) and at least one "
-                                 f"(docid_vocab_size={self.docid_vocab_size})")
-            end = self.docid_vocab_start + self.docid_vocab_size
-            if self.output_vocab_size is not None and self.output_vocab_size < end:
-                raise ValueError(f"output_vocab_size={self.output_vocab_size} does not cover the docid tokens "
-                                 f"[{self.docid_vocab_start}, {end})")
-        if self.pawa_num_layers is not None and self.pawa_num_layers < 1:
-            raise ValueError(f"pawa_num_layers must be >= 1, got {self.pawa_num_layers}")
-        if self.consistency_loss not in CONSISTENCY_LOSSES:
-            raise ValueError(f"consistency_loss must be one of {CONSISTENCY_LOSSES}, got {self.consistency_loss!r}")
-        if not self.consistency_weight >= 0.0:
-            raise ValueError(f"consistency_weight must be >= 0, got {self.consistency_weight}")
-        if not self.consistency_temperature > 0.0:
-            raise ValueError(f"consistency_temperature must be > 0, got {self.consistency_temperature}")
+        self.head.check_config(self)
 
     @property
-    def num_pawa_layers(self) -> int:
-        """Layers of the PAWA stack (0 unless decoder_head='pawa')."""
-        if self.decoder_head != "pawa":
-            return 0
-        return self.pawa_num_layers or max(1, self.num_decoder_layers // 2)
-
-    def check_docid_range(self) -> None:
-        """Raises unless the docid token range an 'atomic' or 'pawa' head needs is known."""
-        if self.decoder_head in ("atomic", "pawa") and self.docid_vocab_start is None:
-            raise ValueError(f"decoder_head={self.decoder_head!r} needs docid_vocab_start and docid_vocab_size, the "
-                             "id range of the docid tokens its output layer covers: bind them in gin, or let the "
-                             "entry point fill them from the docid table (gr_jax.training.build_model)")
-
-    @property
-    def atomic_columns(self) -> int:
-        """Columns of the atomic head: docid_vocab_size padded to a multiple of 128 (padding columns are masked)."""
-        self.check_docid_range()
-        return -(-self.docid_vocab_size // ATOMIC_COLUMNS_MULTIPLE) * ATOMIC_COLUMNS_MULTIPLE
+    def head(self) -> type:
+        """The output head class named by `decoder_head` (a `gr_jax.heads.OutputHead` subclass)."""
+        from gr_jax import heads  # The heads build on this module's layers: imported when first needed.
+        return heads.get_head(self.decoder_head)
 
     @property
     def logits_vocab_size(self) -> int:
         """Size of the decoded token space: decode_step's logits, the trie's vocabulary."""
-        if self.decoder_head == "atomic" and self.output_vocab_size is None:
-            self.check_docid_range()
-            return self.docid_vocab_start + self.docid_vocab_size
-        size = self.output_vocab_size or self.vocab_size
-        if size is None:
-            raise ValueError("T5Config.vocab_size is unset: bind it in gin or let the entry point fill it "
-                             "from the vocabulary (config.with_vocab_size(...)).")
-        return size
+        return self.head.logits_vocab_size(self)
 
     def with_vocab_size(self, vocab_size: int, *, multiple_of: int = 128) -> "T5Config":
         """Returns a copy whose vocab_size covers `vocab_size`, padded so the vocab axis shards evenly."""
@@ -174,7 +109,7 @@ def _activation(name: str) -> Callable[[Array], Array]:
     raise ValueError(f"Unknown MLP activation {name!r}; expected one of 'gelu', 'relu', 'linear'.")
 
 
-def _teacher_forced_stack(embedded: Array, encoded: Array, *, layers: Sequence[nn.Module], relpos: nn.Module,
+def teacher_forced_stack(embedded: Array, encoded: Array, *, layers: Sequence[nn.Module], relpos: nn.Module,
                           norm: nn.Module, dropout: nn.Module, cross_mask: Array, deterministic: bool) -> Array:
     """A causal decoder stack over whole targets (the main decoder and the PAWA decoder share it):
     embedded [batch, tgt_len, embed] -> normalised states, same shape."""
@@ -187,12 +122,12 @@ def _teacher_forced_stack(embedded: Array, encoded: Array, *, layers: Sequence[n
     return dropout(norm(x), deterministic=deterministic)
 
 
-def _param(module: nn.Module, name: str, init: Initializer, shape: Sequence[int], axes: Sequence[str],
+def logical_param(module: nn.Module, name: str, init: Initializer, shape: Sequence[int], axes: Sequence[str],
            dtype: Any) -> Array:
     return module.param(name, nn.with_logical_partitioning(init, tuple(axes)), tuple(shape), dtype)
 
 
-def _fan_in_init(fan_in_axes: int, scale: float = 1.0) -> Initializer:
+def fan_in_init(fan_in_axes: int, scale: float = 1.0) -> Initializer:
     """Variance scaling over the first `fan_in_axes` dims (truncated normal), as in Mesh TensorFlow's T5."""
     def init(key, shape, dtype=jnp.float32):
         fan_in = int(np.prod(shape[:fan_in_axes]))
@@ -208,7 +143,7 @@ class RMSNorm(nn.Module):
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
-        scale = _param(self, "scale", nn.initializers.ones, (x.shape[-1],), (EMBED,), self.config.param_dtype)
+        scale = logical_param(self, "scale", nn.initializers.ones, (x.shape[-1],), (EMBED,), self.config.param_dtype)
         x32 = x.astype(jnp.float32)
         y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + self.epsilon)
         return (y * scale.astype(jnp.float32)).astype(self.config.dtype)
@@ -241,7 +176,7 @@ class RelativePositionBias(nn.Module):
 
     def setup(self):
         cfg = self.config
-        self.rel_embedding = _param(
+        self.rel_embedding = logical_param(
             self, "rel_embedding", nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
             (cfg.num_heads, cfg.relative_attention_num_buckets), (HEADS, RELPOS), cfg.param_dtype)
 
@@ -261,11 +196,11 @@ class Attention(nn.Module):
     def setup(self):
         cfg = self.config
         d, h, k = cfg.emb_dim, cfg.num_heads, cfg.head_dim
-        self.query = _param(self, "query", _fan_in_init(1, scale=1.0 / k), (d, h, k), (EMBED, HEADS, KV),
+        self.query = logical_param(self, "query", fan_in_init(1, scale=1.0 / k), (d, h, k), (EMBED, HEADS, KV),
                             cfg.param_dtype)
-        self.key = _param(self, "key", _fan_in_init(1), (d, h, k), (EMBED, HEADS, KV), cfg.param_dtype)
-        self.value = _param(self, "value", _fan_in_init(1), (d, h, k), (EMBED, HEADS, KV), cfg.param_dtype)
-        self.out = _param(self, "out", _fan_in_init(2), (h, k, d), (HEADS, KV, EMBED), cfg.param_dtype)
+        self.key = logical_param(self, "key", fan_in_init(1), (d, h, k), (EMBED, HEADS, KV), cfg.param_dtype)
+        self.value = logical_param(self, "value", fan_in_init(1), (d, h, k), (EMBED, HEADS, KV), cfg.param_dtype)
+        self.out = logical_param(self, "out", fan_in_init(2), (h, k, d), (HEADS, KV, EMBED), cfg.param_dtype)
         self.dropout = nn.Dropout(cfg.dropout_rate)
 
     def _project(self, kernel: Array, x: Array) -> Array:
@@ -311,9 +246,9 @@ class Mlp(nn.Module):
 
     def setup(self):
         cfg = self.config
-        self.wi = [_param(self, f"wi_{i}", _fan_in_init(1), (cfg.emb_dim, cfg.mlp_dim), (EMBED, MLP),
+        self.wi = [logical_param(self, f"wi_{i}", fan_in_init(1), (cfg.emb_dim, cfg.mlp_dim), (EMBED, MLP),
                           cfg.param_dtype) for i in range(len(cfg.mlp_activations))]
-        self.wo = _param(self, "wo", _fan_in_init(1), (cfg.mlp_dim, cfg.emb_dim), (MLP, EMBED), cfg.param_dtype)
+        self.wo = logical_param(self, "wo", fan_in_init(1), (cfg.mlp_dim, cfg.emb_dim), (MLP, EMBED), cfg.param_dtype)
         self.dropout = nn.Dropout(cfg.dropout_rate)
 
     def __call__(self, x: Array, *, deterministic: bool) -> Array:
@@ -407,75 +342,16 @@ class DecoderLayer(nn.Module):
         return x, (cache_k, cache_v)
 
 
-class PawaDecoder(nn.Module):
-    """NCI's prefix-aware weight-adaptive (PAWA) stack: per position t, a projection generator M_t [embed, embed].
-
-    Its own T5.1.1 decoder layers (causal self-attention over the docid prefix, cross-attention to the query
-    encoding), relative-position table and final norm read the same decoder input tokens as the main decoder; a
-    linear map `weight_generator` [embed, embed * embed] turns each output u_t into M_t, and the position's logits are
-    (h_t M_t) W: h_t the main decoder's state, W the shared projection. M_t depends on the prefix, so the same
-    token gets different output weights at different depths of the docid tree. The generator is initialised so
-    that h_t M_t keeps h_t's scale (var 1 / (embed * embed), u_t being RMS-normalised). The restriction to the docid
-    vocabulary is a mask on (h_t M_t) W: computing W's other columns costs 2 embed |V| per position, a few percent
-    of generating M_t (2 embed^3).
-    """
-    config: T5Config
-
-    def setup(self):
-        cfg = self.config
-        layer_cls = nn.remat(DecoderLayer, static_argnums=(6,)) if cfg.remat else DecoderLayer
-        self.relpos = RelativePositionBias(cfg, bidirectional=False)
-        self.layers = [layer_cls(cfg) for _ in range(cfg.num_pawa_layers)]
-        self.norm = RMSNorm(cfg)
-        # [embed, embed * embed] is an up-projection like an MLP's first layer (NCI: Linear(d, d^2)), and its wide
-        # axis is split over 'model' as an MLP's is: 453M parameters at Base, 1.07B at Large.
-        self.weight_generator = _param(self, "weight_generator", _fan_in_init(1, scale=1.0 / cfg.emb_dim),
-                                       (cfg.emb_dim, cfg.emb_dim * cfg.emb_dim), (EMBED, MLP), cfg.param_dtype)
-        self.dropout = nn.Dropout(cfg.dropout_rate)
-
-    def __call__(self, embedded: Array, encoded: Array, *, cross_mask: Array, deterministic: bool) -> Array:
-        """Teacher-forced. embedded: [batch, tgt_len, embed] (decoder input embeddings) -> u, same shape."""
-        return _teacher_forced_stack(embedded, encoded, layers=self.layers, relpos=self.relpos, norm=self.norm,
-                                     dropout=self.dropout, cross_mask=cross_mask, deterministic=deterministic)
-
-    def prefill(self, encoded: Array, *, max_decode_len: int) -> tuple[tuple, Array]:
-        """Per-query constants: cross-attention (keys, values) per layer and the bias [heads, max_len, max_len]."""
-        cross_kv = tuple(layer.encoder_decoder_attention.project_kv(encoded) for layer in self.layers)
-        return cross_kv, self.relpos(max_decode_len, max_decode_len)
-
-    def step(self, embedded: Array, *, position: Array, cache: tuple, cross_kv: tuple, cross_mask: Array,
-             bias: Array) -> tuple[Array, tuple]:
-        """One position for batch*beams rows. embedded: [rows, 1, embed] -> (u [rows, 1, embed], new cache)."""
-        bias_row = jax.lax.dynamic_index_in_dim(bias, position, axis=1, keepdims=False)
-        x, new_cache = embedded, []
-        for layer, layer_cache, kv in zip(self.layers, cache, cross_kv):
-            x, layer_cache = layer.step(x, position=position, self_cache=layer_cache, cross_kv=kv,
-                                        cross_mask=cross_mask, bias_row=bias_row)
-            new_cache.append(layer_cache)
-        return self.norm(x), tuple(new_cache)
-
-    def generated_matrices(self, u: Array) -> Array:
-        """u: [..., embed] -> M: [..., embed, embed], one per position (and per beam)."""
-        d = self.config.emb_dim
-        flat = jnp.einsum("...p,pf->...f", u, self.weight_generator.astype(self.config.dtype))
-        return flat.reshape(flat.shape[:-1] + (d, d))
-
-    def mix(self, h: Array, u: Array) -> Array:
-        """h_t M_t: h, u: [..., embed] -> [..., embed]. Costs 2 embed^3 FLOPs per position (generating M_t)."""
-        return jnp.einsum("...d,...de->...e", h, self.generated_matrices(u))
-
-
 class Transformer(nn.Module):
-    """T5.1.1 encoder-decoder. Token 0 is padding and the decoder start token."""
+    """T5.1.1 encoder-decoder with an output head (`gr_jax.heads`). Token 0 is padding and the decoder start token."""
     config: T5Config
 
     def setup(self):
         cfg = self.config
         if cfg.vocab_size is None:
             raise ValueError("T5Config.vocab_size is unset (see T5Config.with_vocab_size).")
-        cfg.check_docid_range()
-        self.token_embedder = _param(self, "token_embedder", nn.initializers.normal(stddev=1.0),
-                                     (cfg.vocab_size, cfg.emb_dim), (VOCAB, EMBED), cfg.param_dtype)
+        self.token_embedder = logical_param(self, "token_embedder", nn.initializers.normal(stddev=1.0),
+                                            (cfg.vocab_size, cfg.emb_dim), (VOCAB, EMBED), cfg.param_dtype)
         layer_cls = nn.remat(EncoderLayer, static_argnums=(4,)) if cfg.remat else EncoderLayer
         self.encoder_relpos = RelativePositionBias(cfg, bidirectional=True)
         self.encoder_layers = [layer_cls(cfg) for _ in range(cfg.num_encoder_layers)]
@@ -484,22 +360,12 @@ class Transformer(nn.Module):
         self.decoder_relpos = RelativePositionBias(cfg, bidirectional=False)
         self.decoder_layers = [dec_cls(cfg) for _ in range(cfg.num_decoder_layers)]
         self.decoder_norm = RMSNorm(cfg)
-        if cfg.decoder_head == "atomic":
-            self.atomic_logits_dense = _param(self, "atomic_logits_dense", _fan_in_init(1),
-                                              (cfg.emb_dim, cfg.atomic_columns), (EMBED, VOCAB), cfg.param_dtype)
-        else:
-            self.logits_dense = _param(self, "logits_dense", _fan_in_init(1), (cfg.emb_dim, cfg.logits_vocab_size),
-                                       (EMBED, VOCAB), cfg.param_dtype)
-        if cfg.decoder_head == "pawa":
-            end = cfg.docid_vocab_start + cfg.docid_vocab_size
-            if end > min(cfg.vocab_size, cfg.logits_vocab_size):
-                raise ValueError(f"the docid tokens [{cfg.docid_vocab_start}, {end}) do not fit the vocabulary "
-                                 f"({cfg.vocab_size} input, {cfg.logits_vocab_size} output tokens): the PAWA decoder "
-                                 "embeds and predicts them")
-            self.pawa = PawaDecoder(cfg)
+        self.head = cfg.head(cfg)
+        nn.share_scope(self, self.head)  # the head's parameters keep top-level names (checkpoints, HF mapping)
         self.dropout = nn.Dropout(cfg.dropout_rate)
 
-    def _embed(self, tokens: Array) -> Array:
+    def embed(self, tokens: Array) -> Array:
+        """tokens: int32[...] -> embeddings [..., embed] in the compute dtype."""
         x = jnp.take(self.token_embedder, tokens, axis=0).astype(self.config.dtype)
         return nn.with_logical_constraint(x, (BATCH, LENGTH, EMBED))
 
@@ -509,65 +375,31 @@ class Transformer(nn.Module):
         mask = (encoder_input_tokens > 0)[:, None, None, :]
         src_len = encoder_input_tokens.shape[1]
         bias = self.encoder_relpos(src_len, src_len)[None]
-        x = self.dropout(self._embed(encoder_input_tokens), deterministic=deterministic)
+        x = self.dropout(self.embed(encoder_input_tokens), deterministic=deterministic)
         for layer in self.encoder_layers:
             x = layer(x, mask, bias, deterministic)
         return self.dropout(self.encoder_norm(x), deterministic=deterministic)
 
-    # --- Output heads ---------------------------------------------------------------------------------------
-
-    def _masked_columns(self, logits: Array, allowed: Array) -> Array:
-        """NEG_INF outside `allowed` (bool[width]); float32 logits with the (batch, length, vocab) constraint."""
-        logits = jnp.where(allowed, logits.astype(jnp.float32), NEG_INF)
-        return nn.with_logical_constraint(logits, (BATCH, LENGTH, VOCAB)[-logits.ndim:])
-
-    def _head(self, x: Array, pawa_states: Optional[Array] = None) -> Array:
-        """Decoder states x: [..., embed] (normalised) -> float32 logits [..., logits_vocab_size].
-
-        atomic: logits over the docid columns [..., atomic_columns] (column i: docid token docid_vocab_start + i;
-        padding columns are NEG_INF); pawa: columns other than EOS and the docid tokens are NEG_INF, pawa_states:
-        [..., embed] are the PAWA stack's outputs at the same positions.
-        """
-        cfg = self.config
-        dtype = cfg.dtype
-        if cfg.decoder_head == "atomic":
-            logits = jnp.einsum("...d,dv->...v", x, self.atomic_logits_dense.astype(dtype))
-            return self._masked_columns(logits, jnp.arange(cfg.atomic_columns) < cfg.docid_vocab_size)
-        if cfg.decoder_head == "pawa":
-            x = self.pawa.mix(x, pawa_states)
-            logits = jnp.einsum("...d,dv->...v", x, self.logits_dense.astype(dtype))
-            column = jnp.arange(cfg.logits_vocab_size)
-            return self._masked_columns(logits, (column == EOS_ID) | (
-                (column >= cfg.docid_vocab_start) & (column < cfg.docid_vocab_start + cfg.docid_vocab_size)))
-        logits = jnp.einsum("...d,dv->...v", x, self.logits_dense.astype(dtype))
-        return nn.with_logical_constraint(logits.astype(jnp.float32), (BATCH, LENGTH, VOCAB)[-logits.ndim:])
-
     def _decoder_states(self, embedded: Array, encoded: Array, *, cross_mask: Array, deterministic: bool) -> Array:
         """Teacher-forced main decoder stack: embedded [batch, tgt_len, embed] -> normalised states, same shape."""
-        return _teacher_forced_stack(embedded, encoded, layers=self.decoder_layers, relpos=self.decoder_relpos,
-                                     norm=self.decoder_norm, dropout=self.dropout, cross_mask=cross_mask,
-                                     deterministic=deterministic)
+        return teacher_forced_stack(embedded, encoded, layers=self.decoder_layers, relpos=self.decoder_relpos,
+                                    norm=self.decoder_norm, dropout=self.dropout, cross_mask=cross_mask,
+                                    deterministic=deterministic)
 
     def decode(self, encoded: Array, encoder_input_tokens: Array, decoder_input_tokens: Array, *,
                enable_dropout: bool = False, return_states: bool = False) -> Array | tuple[Array, Array]:
         """Teacher-forced decoder. decoder_input_tokens: int32[batch, tgt_len] (targets shifted right, start 0).
 
-        Returns float32 logits [batch, tgt_len, logits_vocab_size], and with `return_states` also the decoder's
-        final states [batch, tgt_len, embed] (what the output layer reads; NCI's consistency loss compares them).
-        The atomic head decodes the start position only (its docid is one token) and returns the docid columns:
-        logits [batch, 1, atomic_columns], column i for token docid_vocab_start + i.
+        Returns the head's float32 logits [batch, tgt_len', columns] (the standard head: tgt_len' = tgt_len and
+        columns = logits_vocab_size; see `gr_jax.heads` for the others), and with `return_states` also the decoder's
+        final states [batch, tgt_len', embed] (what the output layer reads; NCI's consistency loss compares them).
         """
-        cfg = self.config
         deterministic = not enable_dropout
-        if cfg.decoder_head == "atomic":
-            decoder_input_tokens = decoder_input_tokens[:, :1]
+        decoder_input_tokens = self.head.teacher_forced_inputs(decoder_input_tokens)
         cross_mask = (encoder_input_tokens > 0)[:, None, None, :]
-        embedded = self._embed(decoder_input_tokens)
+        embedded = self.embed(decoder_input_tokens)
         x = self._decoder_states(embedded, encoded, cross_mask=cross_mask, deterministic=deterministic)
-        pawa_states = None
-        if cfg.decoder_head == "pawa":
-            pawa_states = self.pawa(embedded, encoded, cross_mask=cross_mask, deterministic=deterministic)
-        logits = self._head(x, pawa_states)
+        logits = self.head(x, embedded=embedded, encoded=encoded, cross_mask=cross_mask, deterministic=deterministic)
         return (logits, x) if return_states else logits
 
     def __call__(self, encoder_input_tokens: Array, decoder_input_tokens: Array, *,
@@ -576,27 +408,12 @@ class Transformer(nn.Module):
         return self.decode(encoded, encoder_input_tokens, decoder_input_tokens, enable_dropout=enable_dropout,
                            return_states=return_states)
 
-    def atomic_query_states(self, encoder_input_tokens: Array) -> Array:
-        """Atomic head: the decoder's normalised state at the start position, [batch, embed]; the docid logits are
-        its product with `atomic_logits_dense` (computed shard-wise by `models.EncoderDecoderModel.rank_atomic`)."""
+    def start_states(self, encoder_input_tokens: Array) -> Array:
+        """The decoder's normalised state at the start position, [batch, embed]: all a one-token head needs."""
         encoded = self.encode(encoder_input_tokens)
         start = jnp.full((encoder_input_tokens.shape[0], 1), PAD_ID, jnp.int32)
         cross_mask = (encoder_input_tokens > 0)[:, None, None, :]
-        return self._decoder_states(self._embed(start), encoded, cross_mask=cross_mask, deterministic=True)[:, 0]
-
-    def pawa_projections(self, encoder_input_tokens: Array, decoder_input_tokens: Array) -> Array:
-        """PAWA head: the per-position output projections W_t = M_t W restricted to EOS and the docid tokens,
-        float32[batch, tgt_len, embed, 1 + docid_vocab_size] (column 0: EOS). For inspection and tests only: the
-        network never materialises them (it computes (h_t M_t) W)."""
-        cfg = self.config
-        if cfg.decoder_head != "pawa":
-            raise ValueError(f"pawa_projections needs decoder_head='pawa', not {cfg.decoder_head!r}")
-        encoded = self.encode(encoder_input_tokens)
-        cross_mask = (encoder_input_tokens > 0)[:, None, None, :]
-        u = self.pawa(self._embed(decoder_input_tokens), encoded, cross_mask=cross_mask, deterministic=True)
-        columns = jnp.concatenate([jnp.array([EOS_ID]), cfg.docid_vocab_start + jnp.arange(cfg.docid_vocab_size)])
-        shared = jnp.take(self.logits_dense, columns, axis=1).astype(jnp.float32)
-        return jnp.einsum("btde,ev->btdv", self.pawa.generated_matrices(u).astype(jnp.float32), shared)
+        return self._decoder_states(self.embed(start), encoded, cross_mask=cross_mask, deterministic=True)[:, 0]
 
     # --- Incremental decoding -------------------------------------------------------------------------------
 
@@ -604,27 +421,15 @@ class Transformer(nn.Module):
         """Everything that is constant across decoding steps for a query, computed once."""
         encoded = self.encode(encoder_input_tokens)
         cross_kv = tuple(layer.encoder_decoder_attention.project_kv(encoded) for layer in self.decoder_layers)
-        pawa_cross_kv, pawa_bias = (), None
-        if self.config.decoder_head == "pawa":
-            pawa_cross_kv, pawa_bias = self.pawa.prefill(encoded, max_decode_len=max_decode_len)
         return DecodeContext(cross_kv=cross_kv, cross_mask=encoder_input_tokens > 0,
                              decoder_bias=self.decoder_relpos(max_decode_len, max_decode_len),
-                             pawa_cross_kv=pawa_cross_kv, pawa_decoder_bias=pawa_bias)
+                             head=self.head.prefill(encoded, max_decode_len=max_decode_len))
 
     def decode_step(self, tokens: Array, *, position: Array, cache: tuple, context: "DecodeContext"
                     ) -> tuple[Array, tuple]:
         """tokens: int32[batch*beams] (the previous tokens), position: int32[] -> float32 logits
-        [batch*beams, logits_vocab_size] and the updated self-attention cache (see `init_cache`).
-
-        Atomic head: position 0 gives the docid logits (placed at their token ids, every other id NEG_INF), later
-        positions allow only EOS (log-prob 0), so generic beam search and sampling produce `[docid token, EOS]`.
-        This materialises all docid logits of each row: retrieval uses `rank_atomic` instead.
-        """
-        cfg = self.config
-        atomic = cfg.decoder_head == "atomic"
-        if atomic:  # after position 0 the input is a docid token, which need not be in the input vocabulary
-            tokens = jnp.where(position == 0, tokens, PAD_ID)
-        embedded = self._embed(tokens[:, None])
+        [batch*beams, logits_vocab_size] and the updated self-attention cache (see `init_cache`)."""
+        embedded = self.embed(self.head.step_inputs(tokens, position=position)[:, None])
         bias_row = jax.lax.dynamic_index_in_dim(context.decoder_bias, position, axis=1, keepdims=False)
         num_main = len(self.decoder_layers)
         x, new_cache = embedded, []
@@ -632,40 +437,27 @@ class Transformer(nn.Module):
             x, layer_cache = layer.step(x, position=position, self_cache=layer_cache, cross_kv=kv,
                                         cross_mask=context.cross_mask, bias_row=bias_row)
             new_cache.append(layer_cache)
-        pawa_states = None
-        if cfg.decoder_head == "pawa":
-            pawa_states, pawa_cache = self.pawa.step(embedded, position=position, cache=cache[num_main:],
-                                                     cross_kv=context.pawa_cross_kv, cross_mask=context.cross_mask,
-                                                     bias=context.pawa_decoder_bias)
-            new_cache.extend(pawa_cache)
-        logits = self._head(self.decoder_norm(x), pawa_states)[:, 0]
-        if atomic:
-            rows = logits.shape[0]
-            logits = jnp.concatenate([jnp.full((rows, cfg.docid_vocab_start), NEG_INF, jnp.float32),
-                                      logits[:, :cfg.docid_vocab_size],
-                                      jnp.full((rows, cfg.logits_vocab_size - cfg.docid_vocab_start
-                                                - cfg.docid_vocab_size), NEG_INF, jnp.float32)], axis=1)
-            eos_only = jnp.where(jnp.arange(cfg.logits_vocab_size) == EOS_ID, 0.0, NEG_INF).astype(jnp.float32)
-            logits = jnp.where(position == 0, logits, eos_only[None, :])
-        return logits, tuple(new_cache)
+        logits, head_cache = self.head.step(self.decoder_norm(x), embedded=embedded, position=position,
+                                            cache=cache[num_main:], context=context.head,
+                                            cross_mask=context.cross_mask)
+        return logits, (*new_cache, *head_cache)
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class DecodeContext:
     """Per-query decoding constants. cross_kv: per decoder layer (keys, values) [batch, src_len, heads, kv];
-    cross_mask: bool[batch, src_len]; decoder_bias: float32[heads, max_len, max_len]; for the PAWA head the same
-    for its own stack (pawa_cross_kv, pawa_decoder_bias), else () and None."""
+    cross_mask: bool[batch, src_len]; decoder_bias: float32[heads, max_len, max_len]; head: the head's own
+    constants (`OutputHead.prefill`; () for the standard head)."""
     cross_kv: tuple
     cross_mask: Array
     decoder_bias: Array
-    pawa_cross_kv: tuple = ()
-    pawa_decoder_bias: Optional[Array] = None
+    head: Any = ()
 
 
 def init_cache(config: T5Config, *, rows: int, max_decode_len: int) -> tuple:
-    """Zeroed self-attention cache: per decoder layer, then per PAWA layer, (keys, values)
+    """Zeroed self-attention cache: per decoder layer, then per layer of the head's own stack (PAWA), (keys, values)
     [rows, max_decode_len, heads, kv]."""
     shape = (rows, max_decode_len, config.num_heads, config.head_dim)
     return tuple((jnp.zeros(shape, config.dtype), jnp.zeros(shape, config.dtype))
-                 for _ in range(config.num_decoder_layers + config.num_pawa_layers))
+                 for _ in range(config.num_decoder_layers + config.head.num_cached_layers(config)))

@@ -41,9 +41,9 @@ LogicalAxisRules = Sequence[tuple[str, str | tuple[str, ...] | None]]
 
 # t5x's `standard_logical_axis_rules()` for 1-D parameter and 1-D activation partitioning on a
 # ('data', 'model') mesh (Megatron-style model parallelism plus data parallelism). Parameters and
-# activations share the names batch, length, embed, mlp, heads, kv, vocab. The trailing entries are
-# t5x's always-replicated names; every logical name used by the model must appear here (an unknown
-# name is an error, never a silent replication).
+# activations share the names batch, length, embed, mlp, heads, kv, vocab, relpos_buckets: exactly the
+# names the network uses. Every logical name used by the model must appear here (an unknown name is an
+# error, never a silent replication).
 #
 # Override by passing another table (gin binds the `rules` argument of the entry points), e.g. t5x's
 # 2-D fully sharded parameters (`parameter_partitioning_dims=2`) replace ('embed', None) with
@@ -55,13 +55,8 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, str | None], ...] = (
     ("mlp", MODEL_AXIS),
     ("heads", MODEL_AXIS),
     ("kv", None),
-    ("joined_kv", MODEL_AXIS),  # heads * kv fused into one dimension in 2-D attention kernels
     ("relpos_buckets", None),
-    ("abspos_buckets", None),
     ("length", None),
-    ("layers", None),
-    ("stack", None),
-    ("mlp_activations", None),
 )
 
 
@@ -177,8 +172,16 @@ def partitioning_context(*, mesh: Mesh, rules: LogicalAxisRules = LOGICAL_AXIS_R
 # ----------------------------------------------------------------------------------------------
 
 
-def _is_box(x: Any) -> bool:
+def is_box(x: Any) -> bool:
+    """Whether `x` is a Flax partitioning box (`nn.LogicallyPartitioned`, `nn.Partitioned`)."""
     return isinstance(x, meta.AxisMetadata)
+
+
+def strip_boxes(tree: Any) -> Any:
+    """Removes partitioning boxes without Flax's sharding constraint (`nn.unbox` applies one when a mesh is in
+    context, which fails on Adafactor's rank-reduced statistics that inherit a parameter's box); the jit's
+    out_shardings place the values instead."""
+    return jax.tree.map(lambda x: x.value if is_box(x) else x, tree, is_leaf=is_box)
 
 
 def _mesh_axis_size(mesh: Mesh | None, axes: str | tuple[str, ...] | None) -> int:
@@ -247,11 +250,11 @@ def param_partition_specs(
     rules = tuple(rules)
 
     def leaf_spec(path, leaf):
-        if _is_box(leaf):
+        if is_box(leaf):
             return _box_spec(jax.tree_util.keystr(path), leaf, rules=rules, mesh=mesh)
         return PartitionSpec()
 
-    return jax.tree_util.tree_map_with_path(leaf_spec, tree, is_leaf=_is_box)
+    return jax.tree_util.tree_map_with_path(leaf_spec, tree, is_leaf=is_box)
 
 
 def logical_shardings(tree: Any, *, mesh: Mesh, rules: LogicalAxisRules = LOGICAL_AXIS_RULES) -> Any:

@@ -27,9 +27,20 @@ Name and layout mapping (HF `nn.Linear.weight` is [out, in]; see transformers' `
     lm_head.weight [vocab, d]                                  -> logits_dense [embed, vocab]
 
 Numerics checked against HF: neither implementation scales attention logits by 1/sqrt(d_kv) (Mesh TensorFlow
-folded it into the query initialisation); T5.1.1 (`tie_word_embeddings: false`) has an untied `lm_head` applied
-without rescaling. HF rescales the decoder output by d_model**-0.5 only for tied embeddings (T5 1.0, which also has
-a non-gated ReLU MLP `DenseReluDense.wi`); we support that too by folding the factor into `logits_dense`.
+folded it into the query initialisation). T5 1.0 (tied embeddings, a non-gated ReLU MLP `DenseReluDense.wi`)
+multiplies the decoder output by d_model**-0.5 before the output projection, T5.1.1 (its own `lm_head`) does not;
+we fold the factor into `logits_dense`. Which a checkpoint needs depends on the transformers that saved it
+(`models/t5/configuration_t5.py` and `modeling_t5.py` of each line):
+  - 4.x scales iff `tie_word_embeddings`, and then ties `lm_head` to `shared` (a saved one is a copy);
+  - 5.x forces `tie_word_embeddings` to true, so it no longer tells whether `lm_head` is tied, and keeps the decision
+    as `scale_decoder_outputs` (derived from the old flag when config.json lacks it, and saved); its loader ties
+    `lm_head` only where the file lacks it or holds it equal to `shared`. A T5.1.1 saved by 5.x thus reads
+    `tie_word_embeddings: true, scale_decoder_outputs: false` and keeps its own `lm_head`. 5.x's mT5 never scales
+    (`MT5Config` writes no `scale_decoder_outputs`).
+So the factor applies where `scale_decoder_outputs` says so, never to an mT5 saved by 5.x (`transformers_version`),
+otherwise iff `tie_word_embeddings`; a saved `lm_head` is the output layer except under 4.x's tying (the flag true,
+no `scale_decoder_outputs`, not saved by 5.x), where it must equal `shared`. Reading the scale from the tied flag
+alone would shrink a 5.x T5.1.1's logits by d_model**-0.5 without any error.
 `feed_forward_proj: "gated-gelu"` is GELU with the tanh approximation (HF's `gelu_new`), as our network's "gelu".
 `encoder/decoder.embed_tokens.weight`, where saved, are tied copies of `shared.weight`; they are checked equal.
 
@@ -37,7 +48,8 @@ Vocabulary: with the checkpoint's SentencePiece model (`pretrained_vocabulary`),
 checkpoint's (32128 for T5). A larger vocabulary (extra docid tokens for 2D semantic ids) keeps the pretrained rows
 of `token_embedder` / `logits_dense` and takes the rows beyond from the model's own initialisation (`fresh_params`);
 an output layer over another vocabulary (atomic docid head, `output_vocab_size` != `vocab_size`) is fresh, as is
-the PAWA stack (`NEW_HEAD_PATTERNS`); PAWA's shared projection `logits_dense` takes lm_head's rows. Any other
+the PAWA stack (the head's `fresh_param_patterns`); PAWA's shared projection `logits_dense` takes lm_head's rows.
+Any other
 parameter the checkpoint has no tensor for is an error unless named in `fresh_patterns`.
 """
 from __future__ import annotations
@@ -53,14 +65,13 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Sharding
 from safetensors import safe_open
 
 from gr_jax import network
+from gr_jax import partitioning
 from gr_jax.checkpoints import path_str
 from gr_jax.data.readers import DataFormatError
 
@@ -83,9 +94,6 @@ _SHARED = "shared.weight"
 _TIED_COPIES = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
 _LM_HEAD = "lm_head.weight"
 
-# Parameters of output heads that a pretrained T5 has no counterpart for, always initialised fresh (names from
-# gr_jax.network): DSI's atomic docid layer, and NCI's PAWA stack, which NCI also initialises randomly.
-NEW_HEAD_PATTERNS = (r"atomic_logits_dense", r"pawa/.*")
 
 # HF `feed_forward_proj` -> our `T5Config.mlp_activations`. HF maps "gated-gelu" to the tanh approximation
 # ("gelu_new"), but plain "gelu" to exact GELU, which our network does not have.
@@ -119,6 +127,11 @@ class HFT5Config:
     layer_norm_epsilon: float
     feed_forward_proj: str
     tie_word_embeddings: bool
+    # Resolved as transformers does for the version that saved the file (see the module docstring): whether the
+    # decoder output is multiplied by d_model**-0.5, and whether a saved `lm_head.weight` is a copy of `shared.weight`
+    # (4.x tying) rather than the output layer.
+    scale_decoder_outputs: bool
+    lm_head_is_tied_copy: bool
     pad_token_id: int
     eos_token_id: int
     decoder_start_token_id: int
@@ -168,9 +181,22 @@ def read_hf_config(checkpoint_dir: PathLike) -> HFT5Config:
         return kind(value)
 
     num_layers = get("num_layers", 6, int)
+    model_type = get("model_type", "t5", str)
+    tied = get("tie_word_embeddings", True, bool)
+    version = get("transformers_version", "", str)
+    major = re.match(r"(\d+)\.", version)
+    if version and not major:
+        raise DataFormatError.at(path, _line(text, "transformers_version"),
+                                 f"transformers_version must be a version such as '4.57.1', got {version!r}")
+    has_scale = raw.get("scale_decoder_outputs") is not None
+    saved_by_5 = has_scale or (major is not None and int(major.group(1)) >= 5)
+    if has_scale:
+        scale = get("scale_decoder_outputs", False, bool)
+    else:
+        scale = tied and not (model_type == "mt5" and saved_by_5)
     hf = HFT5Config(
         path=path, text=text,
-        model_type=get("model_type", "t5", str),
+        model_type=model_type,
         vocab_size=get("vocab_size", 32128, int),
         d_model=get("d_model", 512, int),
         d_kv=get("d_kv", 64, int),
@@ -182,7 +208,9 @@ def read_hf_config(checkpoint_dir: PathLike) -> HFT5Config:
         relative_attention_max_distance=get("relative_attention_max_distance", 128, int),
         layer_norm_epsilon=get("layer_norm_epsilon", 1e-6, float),
         feed_forward_proj=get("feed_forward_proj", "relu", str),
-        tie_word_embeddings=get("tie_word_embeddings", True, bool),
+        tie_word_embeddings=tied,
+        scale_decoder_outputs=scale,
+        lm_head_is_tied_copy=tied and not saved_by_5,
         pad_token_id=get("pad_token_id", 0, int),
         eos_token_id=get("eos_token_id", 1, int),
         decoder_start_token_id=get("decoder_start_token_id", 0, int),
@@ -374,7 +402,7 @@ class TensorSource:
 
     layout: 'copy' (same layout), 'transpose' (2-D, ours = hf.T), 'qkv' ([h*k, d] -> [d, h, k]) or
     'out' ([d, h*k] -> [h, k, d]). `vocab_axis`: our axis indexing tokens, whose rows beyond `hf_shape`'s vocab
-    are fresh. `scale` multiplies the values (d_model**-0.5 for a tied output layer).
+    are fresh. `scale` multiplies the values (d_model**-0.5 for an output layer whose input HF scales).
     """
     name: str
     layout: str
@@ -436,22 +464,13 @@ def hf_tensor_sources(*, hf: HFT5Config, config: network.T5Config) -> dict[str, 
         sources[f"{ours}/pre_cross_attention_norm/scale"] = _norm_source(f"{theirs}.1.layer_norm.weight", hf)
         sources.update(_mlp_sources(f"{ours}/mlp", f"{theirs}.2.DenseReluDense", hf))
         sources[f"{ours}/pre_mlp_norm/scale"] = _norm_source(f"{theirs}.2.layer_norm.weight", hf)
-    if _output_shares_input_vocabulary(config):
-        if hf.tie_word_embeddings:
-            # HF multiplies the decoder output by d_model**-0.5 before the tied projection; fold it into the kernel.
-            sources["logits_dense"] = TensorSource(_SHARED, "transpose", (v, d), (d, config.vocab_size),
-                                                   vocab_axis=1, pretrained_rows=v, scale=d ** -0.5)
-        else:
-            sources["logits_dense"] = TensorSource(_LM_HEAD, "transpose", (v, d), (d, config.vocab_size),
-                                                   vocab_axis=1, pretrained_rows=v)
+    if config.head.shares_input_vocabulary(config):
+        # Tied: `shared`, or a 5.x checkpoint's own `lm_head` where saved (load_pretrained_params). HF multiplies the
+        # decoder output by d_model**-0.5 before the projection where `scale_decoder_outputs`; folded into the kernel.
+        sources["logits_dense"] = TensorSource(_SHARED if hf.tie_word_embeddings else _LM_HEAD, "transpose", (v, d),
+                                               (d, config.vocab_size), vocab_axis=1, pretrained_rows=v,
+                                               scale=d ** -0.5 if hf.scale_decoder_outputs else 1.0)
     return sources
-
-
-def _output_shares_input_vocabulary(config: network.T5Config) -> bool:
-    """Whether `logits_dense` indexes the embedding's tokens (so it takes lm_head's rows): the standard and PAWA
-    heads over the one vocabulary; not an atomic docid head or another `output_vocab_size`."""
-    head = getattr(config, "decoder_head", "standard")
-    return head != "atomic" and config.logits_vocab_size == config.vocab_size
 
 
 def _expected_tensors(hf: HFT5Config) -> dict[str, tuple[int, ...]]:
@@ -573,14 +592,6 @@ def _host_slice_fn(ckpt: SafetensorsCheckpoint, source: TensorSource, dtype: np.
     return host_slice
 
 
-def _is_box(x: Any) -> bool:
-    return isinstance(x, nn.meta.AxisMetadata)
-
-
-def _unbox(tree: Any) -> Any:
-    return jax.tree.map(lambda x: x.value if _is_box(x) else x, tree, is_leaf=_is_box)
-
-
 def _fresh_value(path: str, fresh: Any, sharding: Sharding) -> jax.Array:
     if isinstance(fresh, jax.ShapeDtypeStruct):
         raise ValueError(f"params[{path!r}] has no pretrained value and fresh_params holds only its shape; pass "
@@ -588,17 +599,25 @@ def _fresh_value(path: str, fresh: Any, sharding: Sharding) -> jax.Array:
     return jax.device_put(fresh, sharding)
 
 
-def _with_fresh_rows(path: str, copied: jax.Array, fresh: Any, source: TensorSource, sharding: Sharding
-                     ) -> jax.Array:
-    """Pretrained rows from `copied`, rows at and beyond `source.pretrained_rows` from `fresh`, on `sharding`."""
-    fresh = _fresh_value(path, fresh, sharding)
-    axis, rows = source.vocab_axis, source.pretrained_rows
+def mix_vocabulary_rows(*, source: Any, fresh: Any, axis: int, rows: int, sharding: Sharding) -> jax.Array:
+    """The first `rows` entries along `axis` from `source`, the rest from `fresh`, in `fresh`'s dtype on `sharding`.
 
-    def mix(pretrained, initial):
-        keep = jax.lax.broadcasted_iota(jnp.int32, pretrained.shape, axis) < rows
-        return jnp.where(keep, pretrained, initial.astype(pretrained.dtype))
+    Why: a run with more tokens than its starting point (docid tokens appended after the word pieces) keeps the
+    trained rows and takes the new ones from its own initialisation. `fresh` has the result's shape; `source` may be
+    just as large (entries past `rows` ignored) or hold only the trained rows; other axes must be equal.
+    """
+    source_shape, fresh_shape = tuple(source.shape), tuple(fresh.shape)
+    if (len(source_shape) != len(fresh_shape) or not 0 <= axis < len(fresh_shape)
+            or not rows <= min(source_shape[axis], fresh_shape[axis])
+            or any(a != b for i, (a, b) in enumerate(zip(source_shape, fresh_shape)) if i != axis)):
+        raise ValueError(f"cannot take {rows} rows along axis {axis} of a {source_shape} array into a {fresh_shape} "
+                         f"one: only the vocabulary axis may differ, and both must hold the rows")
+    kept = (slice(None),) * axis + (slice(0, rows),)
 
-    return jax.jit(mix, out_shardings=sharding)(copied, fresh)
+    def mix(source, fresh):
+        return fresh.at[kept].set(source[kept].astype(fresh.dtype))
+
+    return jax.jit(mix, out_shardings=sharding)(source, fresh)
 
 
 def load_pretrained_params(*, checkpoint_dir: PathLike, config: network.T5Config, fresh_params: Any,
@@ -614,14 +633,15 @@ def load_pretrained_params(*, checkpoint_dir: PathLike, config: network.T5Config
     shardings: `NamedSharding` per leaf (e.g. `Trainer.state_shardings.params` or `partitioning.logical_shardings`
       of the boxed abstract params).
     fresh_patterns: regular expressions (full match) over '/'-joined parameter paths to take from `fresh_params`
-      instead of the checkpoint, besides `NEW_HEAD_PATTERNS`. A parameter neither mapped nor matched is an error.
+      instead of the checkpoint, besides the head's own (`OutputHead.fresh_param_patterns`). A parameter neither
+      mapped nor matched is an error.
     """
     hf = read_hf_config(checkpoint_dir)
     check_config(hf=hf, config=config)
     sources = hf_tensor_sources(hf=hf, config=config)
-    patterns = [re.compile(p) for p in NEW_HEAD_PATTERNS + tuple(fresh_patterns)]
+    patterns = [re.compile(p) for p in config.head.fresh_param_patterns + tuple(fresh_patterns)]
 
-    params = _unbox(fresh_params)
+    params = partitioning.strip_boxes(fresh_params)
     leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
     sharding_leaves, sharding_treedef = jax.tree_util.tree_flatten(
         shardings, is_leaf=lambda x: isinstance(x, Sharding))
@@ -656,8 +676,13 @@ def load_pretrained_params(*, checkpoint_dir: PathLike, config: network.T5Config
 
     with SafetensorsCheckpoint(checkpoint_dir) as ckpt:
         names = ckpt.names
+        output = plan.get("logits_dense")
+        if output is not None and output.name == _SHARED and _LM_HEAD in names and not hf.lm_head_is_tied_copy:
+            # Saved by transformers 5.x, whose `tie_word_embeddings` is always true: a saved lm_head is the output
+            # layer (T5.1.1's own), which 5.x also leaves untied where it differs from shared.
+            plan["logits_dense"] = dataclasses.replace(output, name=_LM_HEAD)
         # The tied embedding may have been saved under one of its other names only (safetensors keeps one).
-        tied_names = [n for n in (_SHARED,) + _TIED_COPIES + ((_LM_HEAD,) if hf.tie_word_embeddings else ())
+        tied_names = [n for n in (_SHARED,) + _TIED_COPIES + ((_LM_HEAD,) if hf.lm_head_is_tied_copy else ())
                       if n in names]
         embedding = tied_names[0] if tied_names and tied_names[0] != _LM_HEAD else _SHARED
         plan = {p: (dataclasses.replace(s, name=embedding) if s is not None and s.name == _SHARED else s)
@@ -679,7 +704,8 @@ def load_pretrained_params(*, checkpoint_dir: PathLike, config: network.T5Config
             value = jax.make_array_from_callback(source.shape, sharding, _host_slice_fn(ckpt, source, dtype),
                                                  dtype=dtype)
             if source.vocab_axis is not None and source.shape[source.vocab_axis] > source.pretrained_rows:
-                value = _with_fresh_rows(path, value, leaf, source, sharding)
+                value = mix_vocabulary_rows(source=value, fresh=_fresh_value(path, leaf, sharding),
+                                            axis=source.vocab_axis, rows=source.pretrained_rows, sharding=sharding)
                 counts["mixed"] += 1
             else:
                 counts["pretrained"] += 1

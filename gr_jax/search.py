@@ -1,58 +1,78 @@
-"""Interactive retrieval with a trained model: `gr-jax search --model_dir runs/demo "query" ["query" ...]`.
+"""Interactive retrieval with a trained model: `gr-jax search --model_dir runs/demo ["query" ...]`.
 
-Rebuilds the experiment from `model_dir/config.gin`, restores the latest checkpoint and prints the top-k docids
-with their text and log-likelihoods.
+Rebuilds the run from `model_dir/config.gin`, restores its latest checkpoint, and prints the top-k docids of each
+query with their log-likelihoods and document texts. Without query arguments it reads queries from standard input,
+one per line, and answers each as it arrives with its latency: decoding is compiled once, for the first query, and
+every later query reuses it.
 """
 from __future__ import annotations
 
 import argparse
 import pathlib
-from typing import Iterable, Optional, Sequence
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from typing import Optional
 
 import gin
 
+from gr_jax import entry_point
 from gr_jax import gin_utils
-from gr_jax import training
-from gr_jax.data.readers import open_dataset
-from gr_jax.evaluator import RetrievalEvaluator
+from gr_jax.data.readers import DocumentLookup, open_dataset
+from gr_jax.experiment import Built, Experiment
+from gr_jax.retrievers import Ranking
+from gr_jax.retrievers.generative import GenerativeRetriever
 
 
-class Searcher:
-    """A restored model plus its docid trie, ranking arbitrary query texts."""
+def restore_run(model_dir: str, *, gin_args: Sequence[str] = ()) -> Built:
+    """The run of `model_dir`, rebuilt from its `config.gin` with `gin_args` (`--gin.KEY=VALUE`, `--gin_file`)."""
+    config = pathlib.Path(model_dir) / "config.gin"
+    if not config.exists():
+        raise FileNotFoundError(f"{config} is missing: is {model_dir} a gr_jax training directory?")
+    parsed, gin_files, bindings = gin_utils.parse_args(list(gin_args), description=__doc__)
+    gin.clear_config()
+    gin_utils.parse_gin(gin_files=[str(config), *gin_files], bindings=bindings, search_paths=parsed.gin_search_path)
+    return gin.get_configurable(Experiment)().build()
 
-    def __init__(self, *, built: training.Built, params, num_beams: int, constrained: bool, batch_size: int = 8):
-        self.built = built
-        self.params = params
-        self.num_beams = num_beams
-        self.constrained = constrained
-        self.batch_size = batch_size
-        self._table = built.docid_table()
 
-    @classmethod
-    def from_model_dir(cls, model_dir: str, *, gin_args: Sequence[str] = (), num_beams: int = 40,
-                       constrained: bool = True, step: Optional[int] = None) -> "Searcher":
-        config = pathlib.Path(model_dir) / "config.gin"
-        if not config.exists():
-            raise FileNotFoundError(f"{config} is missing: is {model_dir} a gr_jax training directory?")
-        _, gin_files, bindings = gin_utils.parse_args(list(gin_args), description=__doc__)
-        gin.clear_config()
-        gin_utils.parse_gin(gin_files=[str(config), *gin_files], bindings=bindings)
-        built = gin.get_configurable(training.Experiment)().build()
-        state, _ = built.restore(step)
-        return cls(built=built, params=state.params, num_beams=num_beams, constrained=constrained)
+def restore_retriever(model_dir: str, *, gin_args: Sequence[str] = (), num_beams: Optional[int] = None,
+                      constrained: bool = True, batch_size: int = 8, step: Optional[int] = None,
+                      show_progress: bool = False) -> tuple[Built, GenerativeRetriever]:
+    """The run of `model_dir` and its checkpoint (latest, or `step`) as a retriever."""
+    built = restore_run(model_dir, gin_args=gin_args)
+    params, _ = built.restore_params(step)
+    return built, built.retriever(params, batch_size=batch_size, num_beams=num_beams, constrained=constrained,
+                                  show_progress=show_progress)
 
-    def rank(self, queries: Iterable[tuple[str, str]]) -> dict[str, list[tuple[str, float]]]:
-        queries = list(queries)
-        evaluator = RetrievalEvaluator(
-            model=self.built.model, queries=queries, qrels={}, docid_table=self._table,
-            vocabulary=self.built.vocabulary, input_length=self.built.experiment.dataset.input_length,
-            mesh=self.built.mesh, param_shardings=self.built.trainer.state_shardings.params,
-            batch_size=self.batch_size, num_beams=self.num_beams, constrained=self.constrained)
-        return evaluator.rank(self.params, progress=len(queries) > 100)
 
-    def document_texts(self, docids: set[str]) -> dict[str, str]:
-        """Streams the collection once and keeps only the wanted texts."""
-        return {d: t for d, t in open_dataset(self.built.experiment.dataset.data_dir).collection() if d in docids}
+def print_results(queries: Sequence[str], ranking: Ranking, *, built: Built, documents: DocumentLookup) -> None:
+    """Each query's ranking with its documents' texts (first 100 characters)."""
+    table = built.docid_space.table
+    for query, ids, scores in zip(queries, ranking.ids, ranking.scores):
+        rows = table.rows_of(ids)
+        texts = dict(documents.texts([int(r) for r in rows if r >= 0]))
+        print(f"\nquery: {query}")
+        for rank, (docid, score) in enumerate(zip(ids, scores), start=1):
+            print(f"{rank:3d}. {docid}  {score:8.3f}  {texts.get(docid, '(not a docid of the corpus)')[:100]}")
+
+
+def answer_stream(lines: Iterable[str], *, retriever: GenerativeRetriever, built: Built, documents: DocumentLookup,
+                  top_k: int) -> list[float]:
+    """Answers one query per non-empty line as it arrives; prints its results and latency; returns the latencies."""
+    latencies = []
+    for line in lines:
+        query = line.strip()
+        if not query:
+            continue
+        compilations = retriever.compilations
+        start = time.perf_counter()
+        ranking = retriever.rank([query], k=top_k)
+        latencies.append(time.perf_counter() - start)
+        print_results([query], ranking, built=built, documents=documents)
+        compiled = retriever.compilations - compilations
+        print(f"latency: {1000 * latencies[-1]:.1f} ms"
+              + (f" (compiled decoding: {1000 * ranking.compile_seconds:.0f} ms)" if compiled else ""), flush=True)
+    return latencies
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
@@ -61,14 +81,18 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--top_k", type=int, default=10)
     parser.add_argument("--num_beams", type=int, default=40)
     parser.add_argument("--unconstrained", action="store_true")
-    parser.add_argument("queries", nargs="+")
+    parser.add_argument("queries", nargs="*", help="query texts (default: one per line from standard input)")
     args, rest = parser.parse_known_args(argv)
-    gin_utils.setup_logging()
-    searcher = Searcher.from_model_dir(args.model_dir, gin_args=rest, num_beams=args.num_beams,
-                                       constrained=not args.unconstrained)
-    run = searcher.rank([(str(i), q) for i, q in enumerate(args.queries)])
-    texts = searcher.document_texts({d for ranking in run.values() for d, _ in ranking[:args.top_k]})
-    for i, query in enumerate(args.queries):
-        print(f"\nquery: {query}")
-        for rank, (docid, score) in enumerate(run[str(i)][:args.top_k], start=1):
-            print(f"{rank:3d}. {docid}  {score:8.3f}  {texts.get(docid, '(not a docid of the corpus)')[:100]}")
+    entry_point.setup()
+
+    def body() -> None:
+        built, retriever = restore_retriever(args.model_dir, gin_args=rest, num_beams=args.num_beams,
+                                             constrained=not args.unconstrained,
+                                             batch_size=8 if args.queries else 1)
+        documents = DocumentLookup(open_dataset(built.experiment.dataset.data_dir))
+        if args.queries:
+            print_results(args.queries, retriever.rank(args.queries, k=args.top_k), built=built, documents=documents)
+        else:
+            answer_stream(sys.stdin, retriever=retriever, built=built, documents=documents, top_k=args.top_k)
+
+    entry_point.run(body)

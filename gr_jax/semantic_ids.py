@@ -1,4 +1,4 @@
-"""Semantic, 2D semantic and atomic docids: hierarchical k-means ids (DSI, NCI) and one-token-per-document ids.
+"""Hierarchical k-means ids (DSI, NCI's semantic docids) over document embeddings, and the embedding of a collection.
 
 **Semantic ids** (DSI, Tay et al. 2022; NCI, Wang et al. 2022): documents are embedded, clustered into k
 groups by k-means, and every group with more than c documents is clustered again, recursively; a
@@ -16,19 +16,8 @@ in-memory float32 matrix), plus a few int32 per document.
 k-means cannot split identical vectors (all of them land in one cluster): such a cluster is split by
 position (k equal runs in document order), so every id is unique and the recursion always ends.
 
-**Token spaces.** The same semantic id becomes target tokens in two ways:
-
-* `semantic_docid_table`: through the vocabulary's digit pieces "0".."9" (every level written with
-  `len(str(k - 1))` digits, the leaf position with `len(str(c - 1))`: 3-0-7-42 -> "3 0 7 4 2"), so a T5
-  vocabulary and its output layer are reused unchanged. The fixed widths make the digit string decodable.
-* `semantic_2d_docid_table` (NCI's "2D code"): value v at position p is the new token
-  `vocab_size + p * base + v` with `base = max(k, c)`, so the same digit at different depths is a
-  different token; the model's embedding/output grow by `num_extra_tokens = (max_depth + 1) * base`.
-
-**Atomic ids** (DSI): one new token per document, `vocab_size + row`, then EOS (see `atomic_docid_table`).
-
-All schemes return `gr_jax.docids.DocidTable`s (EOS appended, collisions refused), so the decoding trie,
-training targets and evaluation work unchanged.
+The ids become target tokens in the docid schemes `gr_jax.docids.schemes.semantic` (the vocabulary's digit
+pieces) and `gr_jax.docids.schemes.semantic2d` (NCI's (position, value) tokens appended after the vocabulary).
 """
 from __future__ import annotations
 
@@ -38,28 +27,20 @@ import os
 import pathlib
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import numpy as np
 import tqdm
 
-from gr_jax.docids import DocidTable, first_collision
-from gr_jax.vocabulary import EOS_ID, PAD_ID, UNK_ID
+from gr_jax.docids.table import first_collision
 
 if TYPE_CHECKING:
-    import seqio
-    import sentencepiece
-
     from gr_jax.data.readers import RetrievalDataset
     from gr_jax.encoders import Encoder
 
 logger = logging.getLogger(__name__)
 
 PathLike = str | os.PathLike
-Scheme = Literal["semantic", "semantic2d", "atomic"]
-SCHEMES: tuple[Scheme, ...] = ("semantic", "semantic2d", "atomic")
-
-DIGITS = "0123456789"
 # Rows gathered / assigned / checked at a time: bounds temporaries to ~100 MB for 384-dim float32 vectors.
 _CHUNK = 65_536
 _NO_DIGIT = -1
@@ -67,7 +48,7 @@ _NO_DIGIT = -1
 
 @dataclasses.dataclass(frozen=True)
 class SemanticIdStats:
-    """Balance diagnostics of a semantic id tree (printed as JSON by `tools.semantic_ids`).
+    """Balance diagnostics of a semantic id tree (printed as JSON by `gr_jax.tools.semantic_ids`).
 
     depth_histogram: number of cluster levels -> number of documents at that depth.
     position_splits: clusters k-means could not separate (identical vectors), split by position instead.
@@ -343,127 +324,6 @@ def build_semantic_ids(
     return SemanticIds(path=path, depth=depth, leaf_position=leaf_position, k=k, c=c, stats=stats)
 
 
-def digit_token_ids(vocabulary: seqio.SentencePieceVocabulary | sentencepiece.SentencePieceProcessor) -> list[int]:
-    """The ids of the pieces "0".."9" (no word-boundary marker) in a SentencePiece vocabulary.
-
-    `gr_jax.vocabulary.train_sentencepiece` always has them (digits are required and split one per piece).
-    """
-    processor = getattr(vocabulary, "tokenizer", vocabulary)
-    ids = [processor.piece_to_id(digit) for digit in DIGITS]
-    missing = [digit for digit, i in zip(DIGITS, ids) if i in (UNK_ID, PAD_ID, EOS_ID) or processor.is_unknown(i)]
-    if missing:
-        raise ValueError(f"the vocabulary has no piece for digit(s) {missing}; semantic docids need the ten digit "
-                         "pieces (train it with `python -m tools.make_vocab`)")
-    return ids
-
-
-def _check_docids(docids: Sequence[str], n: int) -> tuple[str, ...]:
-    docids = tuple(docids)
-    if len(docids) != n:
-        raise ValueError(f"{len(docids)} docids for {n} semantic ids")
-    return docids
-
-
-def _digits_of(values: np.ndarray, width: int) -> list[np.ndarray]:
-    """The `width` decimal digits of each value, most significant first."""
-    return [(values // 10 ** (width - 1 - j)) % 10 for j in range(width)]
-
-
-def semantic_docid_table(*, docids: Sequence[str], ids: SemanticIds, digit_tokens: Sequence[int]) -> DocidTable:
-    """Semantic ids as the vocabulary's digit tokens (fixed-width fields: see the module docstring), then EOS.
-
-    docids: row i names document i of `ids`; digit_tokens: the token id of "0".."9" (`digit_token_ids`).
-    tokens: int32[N, max_depth * len(str(k - 1)) + len(str(c - 1)) + 1].
-    """
-    docids = _check_docids(docids, len(ids))
-    digit_tokens = np.asarray(digit_tokens, dtype=np.int64)
-    if (digit_tokens.shape != (10,) or len(set(digit_tokens.tolist())) != 10
-            or np.isin(digit_tokens, (PAD_ID, EOS_ID)).any() or (digit_tokens < 0).any()):
-        raise ValueError(f"digit_tokens must be 10 distinct token ids other than PAD/EOS, got {digit_tokens.tolist()}")
-    level_width, leaf_width = len(str(ids.k - 1)), len(str(ids.c - 1))
-    n = len(ids)
-    tokens = np.full((n, ids.max_depth * level_width + leaf_width + 1), PAD_ID, np.int32)
-    for level in range(ids.max_depth):
-        rows = np.flatnonzero(ids.depth > level)
-        for j, digit in enumerate(_digits_of(ids.path[rows, level], level_width)):
-            tokens[rows, level * level_width + j] = digit_tokens[digit]
-    all_rows = np.arange(n)
-    leaf_start = ids.depth.astype(np.int64) * level_width
-    for j, digit in enumerate(_digits_of(ids.leaf_position, leaf_width)):
-        tokens[all_rows, leaf_start + j] = digit_tokens[digit]
-    tokens[all_rows, leaf_start + leaf_width] = EOS_ID
-    return DocidTable(docids=docids, tokens=tokens)
-
-
-@dataclasses.dataclass(frozen=True)
-class ExtendedDocidTable:
-    """A docid table whose content tokens are new ids appended after a vocabulary of `vocab_size` ids.
-
-    The model's embedding and output layers need `output_vocab_size = vocab_size + num_extra_tokens` rows;
-    docid tokens lie in [vocab_size, output_vocab_size) (EOS stays the vocabulary's).
-    """
-
-    table: DocidTable
-    vocab_size: int
-    num_extra_tokens: int
-
-    @property
-    def output_vocab_size(self) -> int:
-        return self.vocab_size + self.num_extra_tokens
-
-
-def _check_vocab_size(vocab_size: int, num_extra_tokens: int) -> None:
-    if vocab_size <= max(PAD_ID, EOS_ID):
-        raise ValueError(f"vocab_size must be > {max(PAD_ID, EOS_ID)} (PAD and EOS are vocabulary ids), got "
-                         f"{vocab_size}")
-    if vocab_size + num_extra_tokens > np.iinfo(np.int32).max:
-        raise ValueError(f"vocab_size {vocab_size} + {num_extra_tokens} docid tokens does not fit in int32")
-
-
-def semantic_2d_docid_table(*, docids: Sequence[str], ids: SemanticIds, vocab_size: int) -> ExtendedDocidTable:
-    """NCI's 2D semantic docids: value v at position p is token `vocab_size + p * base + v`, base = max(k, c).
-
-    Position p < depth holds the level-p cluster digit, position `depth` the leaf position; then EOS.
-    tokens: int32[N, max_depth + 2]; num_extra_tokens = (max_depth + 1) * base.
-    """
-    docids = _check_docids(docids, len(ids))
-    base = max(ids.k, ids.c)
-    num_extra_tokens = (ids.max_depth + 1) * base
-    _check_vocab_size(vocab_size, num_extra_tokens)
-    codes = ids.codes().astype(np.int64)
-    positions = np.arange(codes.shape[1], dtype=np.int64)
-    tokens = np.where(codes >= 0, vocab_size + positions * base + codes, PAD_ID)
-    tokens = np.concatenate([tokens, np.full((len(ids), 1), PAD_ID, np.int64)], axis=1)
-    tokens[np.arange(len(ids)), ids.depth + 1] = EOS_ID
-    return ExtendedDocidTable(table=DocidTable(docids=docids, tokens=tokens.astype(np.int32)), vocab_size=vocab_size,
-                              num_extra_tokens=num_extra_tokens)
-
-
-def atomic_docid_table(*, docids: Iterable[str], vocab_size: int) -> ExtendedDocidTable:
-    """Atomic docids (DSI): document i (in `docids` order) is the single new token `vocab_size + i`, then EOS.
-
-    Rows are `[vocab_size + i, EOS]`: the EOS keeps the `DocidTable` contract, so the trie, beam search
-    and training targets work unchanged (the second step is forced). A model with a docid head decodes
-    one step instead and ranks documents by `logits[..., vocab_size:vocab_size + N]` (row i = document i);
-    `num_extra_tokens = N`.
-    """
-    docids = tuple(docids)
-    _check_vocab_size(vocab_size, len(docids))
-    tokens = np.empty((len(docids), 2), np.int32)
-    tokens[:, 0] = vocab_size + np.arange(len(docids), dtype=np.int64)
-    tokens[:, 1] = EOS_ID
-    return ExtendedDocidTable(table=DocidTable(docids=docids, tokens=tokens), vocab_size=vocab_size,
-                              num_extra_tokens=len(docids))
-
-
-def output_vocab_size(table: DocidTable, *, vocab_size: int) -> int:
-    """Embedding/output rows a model needs for `table`'s targets: the vocabulary plus any appended docid tokens.
-
-    For a table read back from its cache file (`DocidTable.load`), which does not record `num_extra_tokens`.
-    """
-    return max(vocab_size, int(table.tokens.max(initial=0)) + 1)
-
-
 def embed_texts(
     *,
     texts: Iterable[str],
@@ -575,26 +435,3 @@ def collection_embeddings(
         os.replace(tmp_path, cache_path)
         embeddings = np.load(cache_path, mmap_mode="r")
     return CollectionEmbeddings(docids=docids, embeddings=embeddings, cached=False, seconds=seconds)
-
-
-def scheme_docid_table(
-    *,
-    scheme: Scheme,
-    docids: Sequence[str],
-    vocabulary: seqio.SentencePieceVocabulary,
-    ids: SemanticIds | None = None,
-) -> ExtendedDocidTable:
-    """The table of `scheme` for `docids`; `ids` (row i = docids[i]) is needed by the semantic schemes.
-
-    Returned as an `ExtendedDocidTable` for all schemes (`num_extra_tokens = 0` for "semantic").
-    """
-    if scheme == "atomic":
-        return atomic_docid_table(docids=docids, vocab_size=vocabulary.vocab_size)
-    if scheme not in SCHEMES:
-        raise ValueError(f"unknown scheme {scheme!r}; known: {list(SCHEMES)}")
-    if ids is None:
-        raise ValueError(f"scheme {scheme!r} needs semantic ids")
-    if scheme == "semantic2d":
-        return semantic_2d_docid_table(docids=docids, ids=ids, vocab_size=vocabulary.vocab_size)
-    table = semantic_docid_table(docids=docids, ids=ids, digit_tokens=digit_token_ids(vocabulary))
-    return ExtendedDocidTable(table=table, vocab_size=vocabulary.vocab_size, num_extra_tokens=0)

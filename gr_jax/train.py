@@ -5,18 +5,22 @@ import sys
 
 import gin
 
+from gr_jax import entry_point
 from gr_jax import gin_utils
-from gr_jax import training
 
 
 def main(argv=None) -> None:
-    gin_utils.setup_logging()
-    args, gin_files, bindings = gin_utils.parse_args(sys.argv[1:] if argv is None else argv,
-                                                     description=__doc__)
-    gin_utils.parse_gin(gin_files=gin_files, bindings=bindings, search_paths=args.gin_search_path)
-    gin_utils.initialize_distributed()
-    train_fn = gin.get_configurable(training.train)
-    train_fn(gin_config_str=gin.config_str())
+    entry_point.setup()
+    args, gin_files, bindings = gin_utils.parse_args(sys.argv[1:] if argv is None else argv, description=__doc__)
+
+    def body() -> None:
+        from gr_jax import training  # after setup: it loads TensorFlow
+
+        gin_utils.parse_gin(gin_files=gin_files, bindings=bindings, search_paths=args.gin_search_path)
+        gin_utils.initialize_distributed()
+        gin.get_configurable(training.train)(gin_config_str=gin.config_str())
+
+    entry_point.run(body)
 
 
 if __name__ == "__main__":

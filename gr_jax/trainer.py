@@ -13,7 +13,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from flax import linen as nn
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from gr_jax import partitioning
@@ -29,13 +28,6 @@ class TrainState:
     opt_state: Any
 
 
-def strip_boxes(tree: Any) -> Any:
-    """Removes logical-partitioning boxes without Flax's sharding constraint (the jit's out_shardings place the
-    values; the constraint would fail on Adafactor's rank-reduced statistics that inherit a parameter's box)."""
-    return jax.tree.map(lambda x: x.value if isinstance(x, nn.meta.AxisMetadata) else x, tree,
-                        is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))
-
-
 def summarize_metrics(sums: Mapping[str, Any]) -> dict[str, float]:
     """Turns summed step metrics into means: loss per target token, token and docid accuracy."""
     sums = {k: float(v) for k, v in sums.items()}
@@ -46,7 +38,7 @@ def summarize_metrics(sums: Mapping[str, Any]) -> dict[str, float]:
         "token_accuracy": sums.get("correct_tokens", 0.0) / weight,
         "sequence_accuracy": sums.get("correct_sequences", 0.0) / max(sums.get("num_sequences", 0.0), 1.0),
     }
-    if "consistency_loss" in sums:  # NCI's regulariser (T5Config.consistency_weight > 0)
+    if "consistency_loss" in sums:  # NCI's regulariser (losses.ConsistencyRegularised)
         out["consistency_loss"] = sums["consistency_loss"] / weight
     for key in ("learning_rate", "grad_norm"):
         if key in sums:
@@ -86,11 +78,12 @@ class Trainer:
             abstract = jax.eval_shape(self._init_boxed, jax.random.PRNGKey(0))
         self.state_shardings = partitioning.logical_shardings(abstract, mesh=mesh, rules=self.rules)
         self.abstract_state = jax.tree.map(
-            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), strip_boxes(abstract),
+            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), partitioning.strip_boxes(abstract),
             self.state_shardings)
         self.batch_sharding = partitioning.batch_sharding(mesh)
         self.replicated = NamedSharding(mesh, PartitionSpec())
-        self._init = jax.jit(lambda rng: strip_boxes(self._init_boxed(rng)), out_shardings=self.state_shardings)
+        self._init = jax.jit(lambda rng: partitioning.strip_boxes(self._init_boxed(rng)),
+                             out_shardings=self.state_shardings)
         self._train_step = jax.jit(self._train_step_impl, in_shardings=(self.state_shardings, self.batch_sharding,
                                                                          self.replicated),
                                    out_shardings=(self.state_shardings, self.replicated), donate_argnums=(0,))

@@ -15,9 +15,10 @@ import logging
 import os
 import pathlib
 import re
-from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import sentencepiece as spm
 
 if TYPE_CHECKING:  # seqio imports TensorFlow; keep it out of the import path of the training tools.
@@ -131,10 +132,20 @@ def load_vocabulary(path: PathLike) -> "seqio.SentencePieceVocabulary":
     if not path.is_file():
         data_dir = path.parent
         raise FileNotFoundError(f"no SentencePiece vocabulary at {path}; train one beside the data with "
-                                f"`python -m tools.make_vocab --data_dir {data_dir}`")
+                                f"`python -m gr_jax.tools.make_vocab --data_dir {data_dir}`")
     processor = spm.SentencePieceProcessor(model_file=str(path))
     ids = (processor.pad_id(), processor.eos_id(), processor.unk_id(), processor.bos_id())
     if ids != (PAD_ID, EOS_ID, UNK_ID, -1):
         raise ValueError(f"{path}: ids (pad, eos, unk, bos) are {ids}; expected the T5 convention "
-                         f"({PAD_ID}, {EOS_ID}, {UNK_ID}, -1). Retrain with `python -m tools.make_vocab`.")
+                         f"({PAD_ID}, {EOS_ID}, {UNK_ID}, -1). Retrain with `python -m gr_jax.tools.make_vocab`.")
     return seqio.SentencePieceVocabulary(str(path), extra_ids=0)
+
+
+def encode_inputs(texts: Sequence[str], *, vocabulary: Any, input_length: int) -> np.ndarray:
+    """int32[len(texts), input_length]: each text's tokens trimmed to input_length - 1, EOS appended, PAD after,
+    exactly as the seqio tasks make `inputs` (queries at retrieval time, documents for doc2query sampling)."""
+    out = np.zeros((len(texts), input_length), np.int32)
+    for i, text in enumerate(texts):
+        ids = list(vocabulary.encode(text))[:input_length - 1] + [EOS_ID]
+        out[i, :len(ids)] = ids
+    return out

@@ -8,7 +8,7 @@ either a Hugging Face dir, see `gr_jax.pretrained`, or a gr_jax model dir, this 
 Only the parameters are read (orbax partial restore), straight into this run's shardings; the step and the
 optimizer state start afresh. Parameters match by path. A larger vocabulary axis (atomic or 2D docid tokens
 appended after the pieces) keeps the source's rows and takes the rows beyond from this run's initialisation; new
-heads (`pretrained.NEW_HEAD_PATTERNS`: atomic, PAWA) are fresh; anything else that differs is an error.
+heads (`gr_jax.heads.fresh_param_patterns`: atomic, PAWA) are fresh; anything else that differs is an error.
 """
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec, Sharding
 
 from gr_jax.checkpoints import Checkpointer, path_str
-from gr_jax.pretrained import NEW_HEAD_PATTERNS
+from gr_jax import heads
+from gr_jax.pretrained import mix_vocabulary_rows
 
 if TYPE_CHECKING:
     from gr_jax.trainer import Trainer, TrainState
@@ -56,13 +57,14 @@ def vocabulary_axes(params_with_logical_axes: Any) -> dict[str, int]:
 
 
 def params_from_run(*, model_dir: str | os.PathLike, fresh_params: Any, shardings: Any,
-                    vocab_axes: Mapping[str, int], new_patterns: Sequence[str] = NEW_HEAD_PATTERNS) -> Any:
+                    vocab_axes: Mapping[str, int], new_patterns: Sequence[str] | None = None) -> Any:
     """This run's parameter tree filled from the latest checkpoint in `model_dir`/checkpoints.
 
     fresh_params: this run's initialised params (unboxed), the source of new heads and of vocabulary rows beyond
       the source run's; shardings: a `Sharding` per leaf (e.g. `Trainer.state_shardings.params`); vocab_axes:
       path -> vocabulary axis (`vocabulary_axes`), the only axis along which a parameter may differ, and only by
-      being larger here.
+      being larger here; new_patterns: parameters the source may lack (default: every head's own,
+      `gr_jax.heads.fresh_param_patterns`).
     """
     directory = pathlib.Path(model_dir) / CHECKPOINTS_SUBDIR
     checkpointer = Checkpointer(directory, asynchronous=False)
@@ -76,6 +78,7 @@ def params_from_run(*, model_dir: str | os.PathLike, fresh_params: Any, sharding
         if len(sharding_leaves) != len(leaves):
             raise ValueError(f"shardings has {len(sharding_leaves)} leaves, fresh_params {len(leaves)}")
         paths = [path_str(path) for path, _ in leaves]
+        new_patterns = heads.fresh_param_patterns() if new_patterns is None else new_patterns
         patterns = [re.compile(p) for p in new_patterns]
         missing = [p for p in paths if p not in saved and not any(q.fullmatch(p) for q in patterns)]
         unused = sorted(set(saved) - set(paths))
@@ -115,10 +118,9 @@ def params_from_run(*, model_dir: str | os.PathLike, fresh_params: Any, sharding
             out.append(restored[path])
             counts["copied"] += 1
         else:
-            source = restored[path]
-            overlap = tuple(slice(0, n) for n in source.shape)
-            out.append(jax.jit(lambda fresh, source, overlap=overlap: fresh.at[overlap].set(source[overlap]),
-                               out_shardings=sharding)(leaf, source))
+            axis = vocab_axes[path]
+            out.append(mix_vocabulary_rows(source=restored[path], fresh=leaf, axis=axis,
+                                           rows=restored[path].shape[axis], sharding=sharding))
             counts["mixed"] += 1
     logger.info("started from %s step %d: %d parameters copied, %d with their vocabulary rows mixed, %d fresh",
                 directory, step, counts["copied"], counts["mixed"], counts["fresh"])

@@ -1,18 +1,17 @@
-"""seqio Tasks and Mixtures of gr_jax: register a data dir's tasks with `register_dataset(name=..., data_dir=...)`.
+"""seqio Tasks and Mixtures of gr_jax: register a data dir's tasks with
+`register_dataset(name=..., data_dir=..., docid_space=load_docid_space(data_dir=..., docid_scheme=...))`.
 
-Nothing is registered on import: tasks need a data dir (and its `spm.model`), which entry points or gin
-(`tasks.register_dataset`) provide. Names: `{dataset}.{representation}.{scheme}` for Tasks and
-`{dataset}.{row}.{scheme}` for Mixtures, `row` being a row name (`firstp_labeled`) or its table id (`2a`).
+Nothing is registered on import: tasks need a data dir (and its `spm.model`), which entry points or gin provide.
+Names: `{dataset}.{representation}.{scheme}` for Tasks and `{dataset}.{row}.{scheme}` for Mixtures, `row` being a
+row name (`firstp_labeled`) or its table id (`2a`). Installed as `gr_jax.tasks`.
 """
-from tasks.docid_tables import DOCID_SCHEMES
-from tasks.options import RepresentationOptions
-from tasks.retrieval import (
+from gr_jax.tasks.options import RepresentationOptions
+from gr_jax.tasks.retrieval import (
     MIXTURE_ROWS,
     REPRESENTATIONS,
     ROW_IDS,
     Representation,
-    docid_token_range,
-    docid_vocab_size,
+    load_docid_space,
     mixture_name,
     register_dataset,
     row_name,
@@ -20,6 +19,5 @@ from tasks.retrieval import (
     unregister_dataset,
 )
 
-__all__ = ["DOCID_SCHEMES", "MIXTURE_ROWS", "REPRESENTATIONS", "ROW_IDS", "Representation", "RepresentationOptions",
-           "docid_token_range", "docid_vocab_size", "mixture_name", "register_dataset", "row_name", "task_name",
-           "unregister_dataset"]
+__all__ = ["MIXTURE_ROWS", "REPRESENTATIONS", "ROW_IDS", "Representation", "RepresentationOptions", "load_docid_space",
+           "mixture_name", "register_dataset", "row_name", "task_name", "unregister_dataset"]

@@ -33,7 +33,7 @@ import tensorflow as tf
 from gr_jax.data import preprocessors
 from gr_jax.data.readers import RetrievalDataset, open_dataset
 from gr_jax.vocabulary import MODEL_FILENAME, load_vocabulary
-from tasks import sources
+from gr_jax.tasks import sources
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +130,8 @@ class _Registration:
     cache_in_memory: bool
 
 
-_REGISTERED: dict[str, _Registration] = {}
+# What each registered name means, so that it is never registered with another meaning.
+_REGISTRATIONS: dict[str, _Registration] = {}
 
 
 def register_doc2query(
@@ -162,7 +163,7 @@ def register_doc2query(
                                  input_length=input_length, target_length=target_length,
                                  shuffle_buffer_size=shuffle_buffer_size, cache_in_memory=bool(cache_in_memory))
     provider = doc2query_task_name(name=name)
-    previous = _REGISTERED.get(name)
+    previous = _REGISTRATIONS.get(name)
     if previous is not None and previous != registration:
         raise ValueError(f"{provider!r} is already registered with {previous}; registering it with {registration} "
                          f"would change what the task name means. Use another name.")
@@ -201,14 +202,14 @@ def register_doc2query(
         ],
         shuffle_buffer_size=max(1, min(shuffle_buffer_size, counts[sources.TRAIN])),
     )
-    _REGISTERED[name] = registration
+    _REGISTRATIONS[name] = registration
     logger.info("registered %s: %s (document -> query pairs)", provider, counts)
     return provider
 
 
 def unregister_doc2query(*, name: str) -> bool:
     """Removes `{name}.doc2query`; returns whether it was registered."""
-    if _REGISTERED.pop(name, None) is None:
+    if _REGISTRATIONS.pop(name, None) is None:
         return False
     seqio.TaskRegistry.remove(doc2query_task_name(name=name))
     return True

@@ -1,6 +1,8 @@
 """seqio Tasks and Mixtures of the study: document representations -> docid, and the table rows mixing them.
 
-`register_dataset(name=..., data_dir=...)` registers, for one data dir and docid scheme:
+`register_dataset(name=..., data_dir=..., docid_space=...)` registers, for one data dir and its docid space (a
+run builds the space once, with `load_docid_space`, and hands the same value to the model builder and the
+retriever):
 
 * one Task per document representation in `REPRESENTATIONS`, named `{name}.{representation}.{scheme}`
   (split 'train'; `labeled` also has 'validation'):
@@ -32,14 +34,16 @@ Adding a representation or a row is one entry in these tables; every task shares
            -> cache_in_memory (if cacheable) -> seqio.CacheDatasetPlaceholder -> [after_cache] (DaQ: daq_chunks)
            -> require_feature_lengths
 
-Targets are the docid table's rows (pre-tokenized, EOS included), never re-tokenized or trimmed; the table is
-built or loaded once per data dir and scheme (`tasks.docid_tables`) and must fit `target_length`. Schemes
-whose tokens go beyond the vocabulary (semantic2d, atomic) need a larger model output: `docid_vocab_size`.
+Targets are the docid table's rows (pre-tokenized, EOS included), never re-tokenized or trimmed; the table must
+fit `target_length`. The ids after the SentencePiece pieces that span corruption uses as sentinels are reserved in
+every run's docid space (`load_docid_space`), so a continued-pretraining run and the indexing runs started from it
+have the same shapes; schemes whose tokens go beyond the vocabulary (semantic2d, atomic) enlarge it further.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import logging
 import os
 import pathlib
@@ -49,12 +53,13 @@ from collections.abc import Callable, Mapping, Sequence
 import seqio
 import tensorflow as tf
 
+from gr_jax import docids
 from gr_jax.data import d2q, preprocessors
 from gr_jax.data.readers import RetrievalDataset, open_dataset
-from gr_jax.docids import DocidTable
+from gr_jax.docids import DocidSpace, DocidTable
 from gr_jax.vocabulary import MODEL_FILENAME, load_vocabulary
-from tasks import docid_tables, sources
-from tasks.options import RepresentationOptions
+from gr_jax.tasks import sources
+from gr_jax.tasks.options import RepresentationOptions
 
 logger = logging.getLogger(__name__)
 
@@ -200,6 +205,7 @@ class _Registration:
 
     data_dir: str
     vocabulary_path: str
+    docid_table: str  # digest of the docid space's table: another table gives the task names another meaning
     target_length: int
     options: RepresentationOptions
     mixing_rates: tuple[tuple[str, float], ...] | None
@@ -211,18 +217,49 @@ class _Registration:
 class _Registered:
     registration: _Registration
     names: tuple[str, ...]  # The providers it added.
-    docid_vocab_size: int
-    docid_token_range: tuple[int, int]
 
 
-_REGISTERED: dict[tuple[str, str], _Registered] = {}  # key: (name, docid scheme)
+# What each registered (name, docid scheme) means, so that the same names are never registered with another
+# meaning, and `unregister_dataset` removes exactly what was added. Nothing here sizes a model: that is the
+# DocidSpace's job.
+_REGISTRATIONS: dict[tuple[str, str], _Registered] = {}
+
+
+def _representations_of(rows: Sequence[str] | None) -> frozenset[str] | None:
+    """The representations the given rows train on (None: every row's)."""
+    if rows is None:
+        return None
+    return frozenset(r for row in rows for r in MIXTURE_ROWS.get(row, (row,)))
+
+
+def _digest(table: DocidTable) -> str:
+    """What the table holds, in a few hundred ms for MS MARCO's 8.8M docids (one join, two hashes)."""
+    digest = hashlib.sha1(table.tokens.tobytes())
+    digest.update("\t".join(table.docids).encode())
+    return digest.hexdigest()
+
+
+def _span_corruption_sentinels(*, input_length: int, target_length: int) -> int:
+    return RepresentationOptions(input_length=input_length, target_length=target_length, d2q_path="").num_sentinels
+
+
+def load_docid_space(*, data_dir: str | os.PathLike, docid_scheme: str = "naive", input_length: int = 64,
+                     target_length: int = 16, vocabulary_path: str | os.PathLike | None = None) -> DocidSpace:
+    """The docid space of `data_dir` as these tasks use it: the scheme's table (`gr_jax.docids.load_docid_space`)
+    over the data dir's vocabulary, with the span corruption sentinels of these lengths reserved after its pieces."""
+    data_dir = pathlib.Path(data_dir).resolve()
+    vocabulary_path = pathlib.Path(vocabulary_path or data_dir / MODEL_FILENAME).resolve()
+    vocabulary = load_vocabulary(vocabulary_path)
+    return docids.load_docid_space(
+        dataset=open_dataset(data_dir), scheme=docid_scheme, vocabulary=vocabulary, vocabulary_path=vocabulary_path,
+        reserved_tokens=_span_corruption_sentinels(input_length=input_length, target_length=target_length))
 
 
 def register_dataset(
         *,
         name: str,
         data_dir: str | os.PathLike,
-        docid_scheme: str = "naive",
+        docid_space: DocidSpace,
         input_length: int = 64,
         target_length: int = 16,
         vocabulary_path: str | os.PathLike | None = None,
@@ -235,11 +272,13 @@ def register_dataset(
         d2q_queries_per_passage: int = 10,
         d2q_selection: str = "first",
         d2q_seed: int = 0,
+        rows: Sequence[str] | None = None,
 ) -> list[str]:
     """Registers the Tasks and Mixtures of one data dir (see the module docstring); returns their names.
 
     data_dir: MS MARCO or BEIR layout (`gr_jax.data.readers`); the vocabulary defaults to `{data_dir}/spm.model`.
-    docid_scheme: a key of `tasks.docid_tables.DOCID_SCHEMES` (naive, atomic, semantic, semantic2d).
+    docid_space: the data dir's docids (`load_docid_space`); its scheme is part of the task names, its table gives
+      the targets, and it must hold the span corruption sentinels of these lengths after the vocabulary's pieces.
     input_length: the FirstP length, the DaQ window and the trim of every input (EOS included).
     target_length: the docid length budget (EOS included); a docid that does not fit is an error.
     mixing_rates: representation -> rate for every representation a registered mixture uses;
@@ -256,6 +295,9 @@ def register_dataset(
     d2q_queries_per_passage: D2Q examples per passage (10 to 100 in the study; fewer if a passage has fewer).
     d2q_selection: "first" (the first k of each passage's queries) or "random" (a random subset, seeded by
       `d2q_seed`, the same every epoch).
+    rows: the mixture rows a run trains on (row names, table ids or 'span_corruption'): only they and the tasks
+      they mix are registered, and a row that cannot be registered is an error. None registers every
+      representation and every row whose representations have data, and skips the others with a warning.
 
     Registering the same name and scheme again with the same arguments re-registers (picking up changed
     files); different arguments under the same name and scheme raise ValueError. Mixture rows whose
@@ -264,8 +306,8 @@ def register_dataset(
     if not _NAME_PATTERN.match(name):
         raise ValueError(f"dataset name {name!r} must be letters, digits and underscores (it is part of task "
                          f"names `{{name}}.{{representation}}.{{scheme}}`)")
-    if docid_scheme not in docid_tables.DOCID_SCHEMES:
-        raise ValueError(f"unknown docid scheme {docid_scheme!r}; known: {sorted(docid_tables.DOCID_SCHEMES)}")
+    docid_scheme = docid_space.scheme
+    wanted = None if rows is None else tuple(dict.fromkeys(row_name(row) for row in rows))
     for arg, value, smallest in (("target_length", target_length, 2), ("shuffle_buffer_size", shuffle_buffer_size, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < smallest:
             raise ValueError(f"{arg} must be an integer >= {smallest}, got {value!r}")
@@ -281,23 +323,28 @@ def register_dataset(
         d2q_queries_per_passage=d2q_queries_per_passage, d2q_selection=d2q_selection, d2q_seed=d2q_seed,
         target_length=target_length, sentinel_start=vocabulary.vocab_size)
     registration = _Registration(
-        data_dir=str(data_dir), vocabulary_path=str(vocabulary_path), target_length=target_length, options=options,
+        data_dir=str(data_dir), vocabulary_path=str(vocabulary_path), docid_table=_digest(docid_space.table),
+        target_length=target_length, options=options,
         shuffle_buffer_size=shuffle_buffer_size, cache_in_memory=bool(cache_in_memory),
         mixing_rates=None if mixing_rates is None else tuple(sorted((k, float(v)) for k, v in mixing_rates.items())))
-    previous = _REGISTERED.get((name, docid_scheme))
+    if docid_space.text_vocab_size != vocabulary.vocab_size:
+        raise ValueError(f"the docid space was built over a vocabulary of {docid_space.text_vocab_size} pieces, but "
+                         f"{vocabulary_path} has {vocabulary.vocab_size}")
+    if docid_space.model_vocab_size < options.sentinel_start + options.num_sentinels:
+        raise ValueError(f"the docid space's {docid_space.model_vocab_size} model token ids do not hold the "
+                         f"{options.num_sentinels} span corruption sentinels after the {vocabulary.vocab_size} pieces "
+                         f"(build it with tasks.load_docid_space and the same input and target lengths)")
+    previous = _REGISTRATIONS.get((name, docid_scheme))
     if previous is not None:
         if previous.registration != registration:
             raise ValueError(f"dataset {name!r} (docid scheme {docid_scheme!r}) is already registered with "
                              f"{previous.registration}; registering it with {registration} would change what its "
                              f"task names mean. Use another name.")
         _unregister(previous.names)
-        del _REGISTERED[(name, docid_scheme)]
+        del _REGISTRATIONS[(name, docid_scheme)]
 
     dataset = open_dataset(data_dir)
-    table = docid_tables.load_or_build_docid_table(dataset=dataset, scheme=docid_scheme, vocabulary=vocabulary,
-                                                   vocabulary_path=vocabulary_path)
-    if not len(table):
-        raise ValueError(f"{dataset.collection_path} holds no documents")
+    table = docid_space.table
     table.check_fits(target_length)
 
     names: list[str] = []  # Filled as providers are added, so a failure part-way removes them again.
@@ -305,52 +352,23 @@ def register_dataset(
         train_counts = _register_tasks(
             name=name, docid_scheme=docid_scheme, dataset=dataset, table=table, vocabulary=vocabulary,
             options=options, target_length=target_length, shuffle_buffer_size=shuffle_buffer_size,
-            cache_in_memory=cache_in_memory, added=names)
+            cache_in_memory=cache_in_memory, needed=_representations_of(wanted), added=names)
         _register_mixtures(name=name, docid_scheme=docid_scheme, train_counts=train_counts,
-                           mixing_rates=mixing_rates, added=names)
+                           mixing_rates=mixing_rates, rows=wanted, added=names)
     except BaseException:
         _unregister(names)
         raise
-    _REGISTERED[(name, docid_scheme)] = _Registered(
-        registration=registration, names=tuple(names),
-        # The span corruption sentinels follow the SentencePiece pieces (as T5's extra ids) in every run of the
-        # data dir, so a continued-pretraining run and the indexing runs started from it have the same shapes.
-        docid_vocab_size=max(docid_tables.output_vocab_size(table=table, vocabulary=vocabulary),
-                             options.sentinel_start + options.num_sentinels),
-        docid_token_range=docid_tables.docid_token_range(table))
+    _REGISTRATIONS[(name, docid_scheme)] = _Registered(registration=registration, names=tuple(names))
     return names
 
 
 def unregister_dataset(*, name: str, docid_scheme: str = "naive") -> list[str]:
     """Removes what `register_dataset(name=name, docid_scheme=docid_scheme, ...)` added; returns those names."""
-    registered = _REGISTERED.pop((name, docid_scheme), None)
+    registered = _REGISTRATIONS.pop((name, docid_scheme), None)
     if registered is None:
         return []
     _unregister(registered.names)
     return list(registered.names)
-
-
-def _registered(name: str, docid_scheme: str) -> _Registered:
-    registered = _REGISTERED.get((name, docid_scheme))
-    if registered is None:
-        raise KeyError(f"dataset {name!r} with docid scheme {docid_scheme!r} is not registered "
-                       f"(registered: {sorted(_REGISTERED)}); call tasks.register_dataset first")
-    return registered
-
-
-def docid_vocab_size(*, name: str, docid_scheme: str = "naive") -> int:
-    """Output vocabulary size a model needs for a registered dataset's targets (embedding / logits rows).
-
-    The SentencePiece vocabulary's size plus the span corruption sentinels, or more for schemes whose docid
-    tokens are appended after it (semantic2d: one token per (position, value); atomic: one per document).
-    """
-    return _registered(name, docid_scheme).docid_vocab_size
-
-
-def docid_token_range(*, name: str, docid_scheme: str = "naive") -> tuple[int, int]:
-    """[start, stop) of the token ids a registered dataset's docids use (EOS aside): an atomic head's columns, the
-    PAWA decoder's output vocabulary (`T5Config.docid_vocab_start` and `docid_vocab_size`)."""
-    return _registered(name, docid_scheme).docid_token_range
 
 
 def _unregister(names: Sequence[str]) -> None:
@@ -370,19 +388,21 @@ def _register_tasks(
         target_length: int,
         shuffle_buffer_size: int,
         cache_in_memory: bool,
+        needed: frozenset[str] | None,
         added: list[str],
 ) -> dict[str, int]:
-    """Adds one Task per representation that has data (appending its name to `added`); returns training
-    example counts per representation."""
+    """Adds one Task per `needed` representation (None: every one) that has data (appending its name to
+    `added`); returns training example counts per representation."""
+    representations = [r for r in REPRESENTATIONS.values() if needed is None or r.name in needed]
     built = {kind: SOURCES[kind](dataset=dataset, table=table, options=options)
-             for kind in dict.fromkeys(r.source for r in REPRESENTATIONS.values())}
+             for kind in dict.fromkeys(r.source for r in representations)}
     output_features = {
         "inputs": seqio.Feature(vocabulary=vocabulary, add_eos=True),
         # Pre-tokenized docid rows already end in EOS.
         "targets": seqio.Feature(vocabulary=vocabulary, add_eos=False),
     }
     train_counts = {}
-    for representation in REPRESENTATIONS.values():
+    for representation in representations:
         source, counts = built[representation.source]
         if source is None:
             logger.warning("%s: no data for source %r, so no %r task", dataset.data_dir, representation.source,
@@ -423,23 +443,32 @@ def _register_mixtures(
         docid_scheme: str,
         train_counts: Mapping[str, int],
         mixing_rates: Mapping[str, float] | None,
+        rows: Sequence[str] | None,
         added: list[str],
 ) -> None:
-    """Adds one Mixture per row whose representations all have training examples, under its row name and its
-    table id (names appended to `added`: all row names, then all table ids)."""
-    rows = {}
+    """Adds one Mixture per row (of `rows`, default all) whose representations all have training examples, under
+    its row name and its table id (names appended to `added`: all row names, then all table ids). A row of `rows`
+    that cannot be registered is an error; of all rows, a warning."""
+    registered = {}
     table_ids = {row: table_id for table_id, row in ROW_IDS.items()}
     for row, representations in MIXTURE_ROWS.items():
+        if rows is not None and row not in rows:
+            continue
         missing = [r for r in representations if r not in train_counts]
         empty = [r for r in representations if r in train_counts and not train_counts[r]]
         if missing or empty:
-            logger.warning("%s: skipping mixture row %s %r: %s", name, table_ids[row], row, "; ".join(
-                ([f"no task for {missing}"] if missing else []) + ([f"no training examples for {empty}"] if empty
-                                                                    else [])))
+            reason = "; ".join(([f"no task for {missing}"] if missing else [])
+                               + ([f"no training examples for {empty}"] if empty else []))
+            if rows is not None:
+                raise ValueError(f"{name}: mixture row {table_ids[row]} {row!r} cannot be registered: {reason} (see "
+                                 "the warnings above; a D2Q row needs {data_dir}/d2q.tsv from gr_jax.tools.doc2query)")
+            logger.warning("%s: skipping mixture row %s %r: %s", name, table_ids[row], row, reason)
         else:
-            rows[row] = representations
+            registered[row] = representations
+    if rows is not None and PRETRAINING_ROW in rows and PRETRAINING_ROW not in train_counts:
+        raise ValueError(f"{name}: the {PRETRAINING_ROW!r} task cannot be registered (no documents)")
     if mixing_rates is not None:
-        used = {r for representations in rows.values() for r in representations}
+        used = {r for representations in registered.values() for r in representations}
         missing = sorted(used - set(mixing_rates))
         unknown = sorted(set(mixing_rates) - set(REPRESENTATIONS))
         bad = sorted(r for r, rate in mixing_rates.items() if not rate > 0)
@@ -447,7 +476,7 @@ def _register_mixtures(
             raise ValueError(f"mixing_rates {dict(mixing_rates)} must give a positive rate to each of {sorted(used)}"
                              f" (missing: {missing}, unknown: {unknown}, not positive: {bad})")
     for alias in (False, True):
-        for row, representations in rows.items():
+        for row, representations in registered.items():
             provider = mixture_name(name=name, row=table_ids[row] if alias else row, docid_scheme=docid_scheme)
             seqio.MixtureRegistry.add(provider, [
                 (task_name(name=name, representation=r, docid_scheme=docid_scheme),

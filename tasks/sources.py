@@ -29,7 +29,7 @@ import tensorflow as tf
 from gr_jax.data import d2q
 from gr_jax.data.readers import RetrievalDataset
 from gr_jax.docids import DocidTable
-from tasks.options import RepresentationOptions
+from gr_jax.tasks.options import RepresentationOptions
 
 logger = logging.getLogger(__name__)
 

@@ -4,9 +4,9 @@ import json
 import numpy as np
 import pytest
 
-from gr_jax.trie import Trie
+from gr_jax.docids.trie import Trie
 from gr_jax.vocabulary import EOS_ID, PAD_ID
-from tools.bench import decode
+from gr_jax.tools.bench import decode
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
-"""tools.bm25: BM25 scores against the Lucene formula, doc2query expansion, D2Q files, and the CLI end to end."""
+"""gr_jax.tools.bm25: BM25 scores against the Lucene formula, doc2query expansion, D2Q files, and the CLI end to end."""
 import json
+import logging
 import math
 
 import pytest
@@ -7,7 +8,7 @@ import pytest
 from gr_jax.data.d2q import read_d2q_file
 from gr_jax.data.readers import DataFormatError
 from gr_jax.evaluation import read_trec_run, retrieval_metrics, scored_to_ranked
-from tools.bm25 import bm25_run, main
+from gr_jax.tools.bm25 import bm25_run, main
 
 DOCUMENTS = [
     ("d1", "Paris is the capital and largest city of France."),
@@ -149,3 +150,27 @@ def test_cli_end_to_end(tmp_path, capsys):
     main(["--data_dir", str(data_dir), "--split", "dev", "--d2q_file", str(d2q_file)])
     printed = json.loads(capsys.readouterr().out.strip())
     assert printed["system"] == "bm25_d2q" and printed["MRR@10"] == pytest.approx(1.0)
+
+
+def test_cli_bad_input_ends_with_one_line_naming_file_and_line(tmp_path, capsys):
+    data_dir = tmp_path / "data"
+    _write_msmarco_layout(data_dir)
+    with open(data_dir / "collection.tsv", "a") as f:
+        f.write("d2\ta second passage with the id of the second one\n")
+    lines = (data_dir / "collection.tsv").read_text().splitlines()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--data_dir", str(data_dir), "--split", "dev"])
+    assert exit_info.value.code == f"error: {data_dir / 'collection.tsv'}:{len(lines)}: duplicate pid 'd2'"
+    assert capsys.readouterr().out == ""  # no metrics printed for a collection that is wrong
+
+
+def test_cli_counts_judgements_of_unknown_documents_in_a_warning(tmp_path, capsys, caplog):
+    data_dir = tmp_path / "data"
+    _write_msmarco_layout(data_dir)
+    with open(data_dir / "qrels.dev.tsv", "a") as f:
+        f.write("101\t0\tnot_in_the_collection\t1\n")
+    with caplog.at_level(logging.WARNING):
+        metrics = main(["--data_dir", str(data_dir), "--split", "dev"])
+    assert [r.getMessage() for r in caplog.records if "unknown documents" in r.getMessage()] == [
+        f"1 qrels name unknown documents (of 4 judgements in {data_dir / 'qrels.dev.tsv'})"]
+    assert metrics["Recall@100"] == pytest.approx((1 / 2 + 1 + 0) / 3)  # the unknown document is never retrieved

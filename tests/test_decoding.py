@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from gr_jax.decoding import beam_search, brevity_penalty, sample
-from gr_jax.trie import Trie
+from gr_jax.docids.trie import Trie
 
 PAD, EOS = 0, 1
 

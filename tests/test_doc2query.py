@@ -11,10 +11,10 @@ import seqio
 
 from gr_jax import partitioning
 from gr_jax.data.readers import DataFormatError, read_collection, read_qrels, read_queries
-from gr_jax.evaluator import encode_queries
+from gr_jax.vocabulary import encode_inputs
 from gr_jax.vocabulary import EOS_ID, PAD_ID, load_vocabulary, train_sentencepiece
-from tasks import doc2query as doc2query_tasks
-from tools import doc2query
+from gr_jax.tasks import doc2query as doc2query_tasks
+from gr_jax.tools import doc2query
 
 from conftest import FIXTURES
 
@@ -98,7 +98,7 @@ def model_dir(data_dir, tmp_path_factory) -> pathlib.Path:
 
 def test_train_command_trains_the_doc2query_task(model_dir):
     config = (model_dir / "config.gin").read_text()
-    assert "training.Experiment.dataset = @doc2query.Doc2QueryDataset()" in config
+    assert "experiment.Experiment.dataset = @experiment.Doc2QueryData()" in config
     final = json.loads((model_dir / "final_metrics.json").read_text())
     assert np.isfinite(final["train/loss"]) and not any(k.startswith("eval/") for k in final)
     validation = json.loads((model_dir / "eval.doc2query.validation.3.json").read_text())
@@ -150,7 +150,7 @@ def test_generate_resumes_after_the_documents_already_written(sampler, data_dir,
 def test_resume_refuses_foreign_or_malformed_files(sampler, data_dir, tmp_path):
     foreign = tmp_path / "foreign.tsv"
     foreign.write_text("a query\n")
-    with pytest.raises(FileExistsError, match="not written by tools.doc2query"):
+    with pytest.raises(FileExistsError, match="not written by gr_jax.tools.doc2query"):
         doc2query.generate(sampler=sampler, data_dir=data_dir, out=foreign, progress=False)
 
     out = tmp_path / "d2q.tsv"
@@ -174,7 +174,7 @@ def test_resume_refuses_foreign_or_malformed_files(sampler, data_dir, tmp_path):
 
 def _greedy_by_full_forward(built, params, documents: list[str], length: int) -> np.ndarray:
     """Greedy decoding by brute force: the whole decoder re-run on the prefix at every step, no cache."""
-    encoder = encode_queries(documents, vocabulary=built.vocabulary, input_length=INPUT_LENGTH)
+    encoder = encode_inputs(documents, vocabulary=built.vocabulary, input_length=INPUT_LENGTH)
     decoder = np.full((len(documents), length), PAD_ID, np.int32)
     out = np.full((len(documents), length), PAD_ID, np.int32)
     finished = np.zeros(len(documents), bool)

@@ -1,9 +1,13 @@
 """DocidTable and naive docids: hand-computed tables, refused inputs, TSV round trip, lookup."""
+import types
+
 import numpy as np
 import pytest
 
 from gr_jax.data.readers import DataFormatError
-from gr_jax.docids import DocidTable, naive_docid_table
+from gr_jax.docids import DocidSpace, DocidTable
+from gr_jax.docids.schemes.naive import naive_docid_table
+from gr_jax.vocabulary import EOS_ID
 
 
 def digit_encode(text: str) -> list[int]:
@@ -128,3 +132,53 @@ def test_save_refuses_docids_with_tabs(tmp_path):
     with pytest.raises(DataFormatError, match="tab or line break"):
         table.save(tmp_path / "x.tsv")
     assert not (tmp_path / "x.tsv").exists()
+
+
+def test_rows_of_maps_docids_to_rows_and_unknown_ones_to_minus_one():
+    table = naive_docid_table(docids=["12", "3", "100", "07"], encode=digit_encode)
+    np.testing.assert_array_equal(table.rows_of(["3", "07", "x", "12", "100", ""]), [1, 3, -1, 0, 2, -1])
+    assert table.row_of("100") == 2 and table.row_of("1") is None
+    assert "07" in table and "7" not in table and 7 not in table
+    assert table.rows_of([]).shape == (0,)
+
+
+def test_docid_space_sizes_the_model_vocabulary_and_builds_its_trie_once():
+    table = naive_docid_table(docids=["12", "3", "907"], encode=digit_encode)  # tokens 4 5 | 6 | 12 3 10, EOS
+    space = DocidSpace.from_table(table, scheme="naive", text_vocab_size=20, reserved_tokens=3)
+    assert (space.text_vocab_size, space.model_vocab_size, space.docid_token_range) == (20, 23, (3, 13))
+    assert space.trie is space.trie and space.trie.vocab_size == 23  # built once, on first use
+    assert len(space) == 3
+    appended = DocidSpace.from_table(DocidTable(docids=("a", "b"), tokens=np.array([[30, 1], [41, 1]])),
+                                     scheme="atomic", text_vocab_size=20, reserved_tokens=3)
+    assert appended.model_vocab_size == 42  # the appended docid tokens need more than the reserved ids
+    with pytest.raises(ValueError, match="holds no docids"):
+        DocidSpace.from_table(DocidTable(docids=(), tokens=np.zeros((0, 2), np.int32)), scheme="x",
+                              text_vocab_size=20)
+
+
+def test_a_new_scheme_is_one_registered_class(tmp_path):
+    """A scheme defined anywhere registers by name and loads like the built-in ones (and is cached like them)."""
+    from gr_jax import docids
+    from gr_jax.data.readers import open_dataset
+    from gr_jax.docids.scheme import SCHEMES
+
+    @docids.register_scheme
+    class Reversed(docids.DocidScheme):
+        name = "test_reversed"
+
+        def build(self, *, dataset, vocabulary):
+            return naive_docid_table(docids=[d for d, _ in dataset.collection()],
+                                     encode=lambda d: digit_encode(d[::-1]))
+
+    try:
+        (tmp_path / "collection.tsv").write_text("12\tone two\n345\tthree\n")
+        (tmp_path / "spm.model").write_text("stands in for the vocabulary file: only its time is read")
+        vocabulary = types.SimpleNamespace(vocab_size=20)
+        space = docids.load_docid_space(dataset=open_dataset(tmp_path), scheme="test_reversed", vocabulary=vocabulary,
+                                        vocabulary_path=tmp_path / "spm.model")
+        assert space.scheme == "test_reversed" and space.table.lookup(digit_encode("21") + [EOS_ID]) == "12"
+        assert docids.DocidTable.load(tmp_path / "docids.test_reversed.tsv").docids == ("12", "345")
+        with pytest.raises(ValueError, match="unknown docid scheme 'nope'"):
+            docids.get_scheme("nope")
+    finally:
+        del SCHEMES["test_reversed"]

@@ -1,5 +1,6 @@
-"""RetrievalEvaluator on a random-init micro model: rankings against brute-force scoring of every docid (the
-padded last batch included), invalid outputs in unconstrained mode against the DocidTable's own lookup."""
+"""RetrievalEvaluator with a GenerativeRetriever on a random-init micro model: rankings against brute-force scoring
+of every docid (the padded last batch included), invalid outputs in unconstrained mode against the DocidTable's own
+lookup."""
 import math
 
 import jax
@@ -9,11 +10,12 @@ import pytest
 from gr_jax import network
 from gr_jax import optimizers
 from gr_jax import partitioning
-from gr_jax.docids import DocidTable
-from gr_jax.evaluator import INVALID_PREFIX, RetrievalEvaluator, encode_queries, invalid_output_name
+from gr_jax.docids import DocidSpace, DocidTable
+from gr_jax.evaluator import RetrievalEvaluator
 from gr_jax.models import EncoderDecoderModel
+from gr_jax.retrievers.generative import INVALID_PREFIX, GenerativeRetriever, invalid_output_name
 from gr_jax.trainer import Trainer
-from gr_jax.vocabulary import EOS_ID, PAD_ID
+from gr_jax.vocabulary import EOS_ID, PAD_ID, encode_inputs
 
 VOCAB = 64
 INPUT_LENGTH = 8
@@ -58,16 +60,24 @@ def table_of(sequences, *, names) -> DocidTable:
     return DocidTable(docids=tuple(names), tokens=tokens)
 
 
-def make_evaluator(setup, table, *, constrained: bool, num_beams: int, qrels=None):
+def make_retriever(setup, table, *, params=None, constrained: bool, num_beams: int) -> GenerativeRetriever:
     model, mesh, _, shardings = setup
-    return RetrievalEvaluator(model=model, queries=QUERIES, qrels=qrels or {qid: {} for qid, _ in QUERIES},
-                              docid_table=table, vocabulary=CharVocabulary(), input_length=INPUT_LENGTH, mesh=mesh,
-                              param_shardings=shardings, batch_size=4, num_beams=num_beams, constrained=constrained)
+    space = DocidSpace.from_table(table, scheme="test", text_vocab_size=VOCAB)
+    return GenerativeRetriever(model=model, params=params, docid_space=space, vocabulary=CharVocabulary(),
+                               input_length=INPUT_LENGTH, mesh=mesh, param_shardings=shardings, batch_size=4,
+                               num_beams=num_beams, constrained=constrained)
+
+
+def evaluate(setup, table, params, *, constrained: bool, num_beams: int, qrels=None):
+    """(metrics, run) of the micro model with `params` over `table`'s docids, ranking all `num_beams` beams."""
+    retriever = make_retriever(setup, table, params=params, constrained=constrained, num_beams=num_beams)
+    evaluator = RetrievalEvaluator(queries=QUERIES, qrels=qrels or {qid: {} for qid, _ in QUERIES}, k=num_beams)
+    return evaluator.evaluate(retriever)
 
 
 def brute_force_scores(model, params, table: DocidTable) -> np.ndarray:
     """float32[queries, docids]: teacher-forced log-likelihood of every docid for every query."""
-    queries = encode_queries([text for _, text in QUERIES], vocabulary=CharVocabulary(), input_length=INPUT_LENGTH)
+    queries = encode_inputs([text for _, text in QUERIES], vocabulary=CharVocabulary(), input_length=INPUT_LENGTH)
     targets = np.asarray(table.tokens)
     score = jax.jit(model.score_batch)
     rows = []
@@ -89,8 +99,8 @@ def test_constrained_run_ranks_every_docid_as_brute_force_scoring(setup):
     order = np.argsort(-expected, axis=1)
     # Relevant docid of query i: its brute-force rank i % 3 + 1, so MRR@10 = mean(1 / (i % 3 + 1)).
     qrels = {qid: {table.docids[order[i, i % 3]]: 1} for i, (qid, _) in enumerate(QUERIES)}
-    evaluator = make_evaluator(setup, table, constrained=True, num_beams=16, qrels=qrels)  # beams >= docids: exact
-    metrics, run = evaluator.evaluate(params, progress=False)
+    # beams >= docids: exact
+    metrics, run = evaluate(setup, table, params, constrained=True, num_beams=16, qrels=qrels)
 
     assert list(run) == [qid for qid, _ in QUERIES]  # the 2 padding rows of the last batch add nothing
     index = {docid: i for i, docid in enumerate(table.docids)}
@@ -114,7 +124,7 @@ def test_unconstrained_invalid_outputs_are_named_and_counted(setup):
     params = dict(params, logits_dense=(params["logits_dense"] * 8).at[:, EOS_ID].set(0.0))
     params = jax.device_put(params, shardings)
     beams, length = 4, 4
-    queries = encode_queries([text for _, text in QUERIES], vocabulary=CharVocabulary(), input_length=INPUT_LENGTH)
+    queries = encode_inputs([text for _, text in QUERIES], vocabulary=CharVocabulary(), input_length=INPUT_LENGTH)
     reference = jax.jit(lambda p, x: model.predict_batch(p, x, num_beams=beams, max_decode_len=length))(params, queries)
     sequences, scores = np.asarray(reference.sequences), np.asarray(reference.scores)
 
@@ -135,8 +145,7 @@ def test_unconstrained_invalid_outputs_are_named_and_counted(setup):
     assert table.max_length == length
 
     qrels = {qid: {"doc-0": 1} for qid, _ in QUERIES}
-    evaluator = make_evaluator(setup, table, constrained=False, num_beams=beams, qrels=qrels)
-    metrics, run = evaluator.evaluate(params, progress=False)
+    metrics, run = evaluate(setup, table, params, constrained=False, num_beams=beams, qrels=qrels)
 
     expected_top1_invalid = []
     for q, (qid, _) in enumerate(QUERIES):
@@ -159,16 +168,10 @@ def test_invalid_output_names_spell_the_decoded_tokens():
 
 
 def test_bad_inputs_raise(setup):
-    table = random_table(np.random.default_rng(3), num_docids=4, max_content=2)
-    model, mesh, _, shardings = setup
     with pytest.raises(ValueError, match="query id 'q0' appears twice"):
-        RetrievalEvaluator(model=model, queries=[("q0", "a"), ("q0", "b")], qrels={}, docid_table=table,
-                           vocabulary=CharVocabulary(), input_length=INPUT_LENGTH, mesh=mesh,
-                           param_shardings=shardings)
+        RetrievalEvaluator(queries=[("q0", "a"), ("q0", "b")], qrels={}, k=2)
     clash = table_of([(5,), (6,)], names=["<invalid:7>", "d1"])
-    evaluator = make_evaluator(setup, clash, constrained=False, num_beams=2)
-    evaluator.last_invalid_names = frozenset({"<invalid:7>"})
     with pytest.raises(ValueError, match="has the form of an invalid output's name"):
-        evaluator.valid_docids()
+        make_retriever(setup, clash, constrained=False, num_beams=2)
     with pytest.raises(ValueError, match="token id 70 >= vocab_size 64"):
-        make_evaluator(setup, table_of([(70,)], names=["x"]), constrained=True, num_beams=2)
+        make_retriever(setup, table_of([(70,)], names=["x"]), constrained=True, num_beams=2)

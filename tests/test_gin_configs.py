@@ -4,6 +4,7 @@ import pathlib
 import gin
 import pytest
 
+from gr_jax import experiment as experiment_lib
 from gr_jax import gin_utils
 from gr_jax import network
 
@@ -44,9 +45,8 @@ def test_train_gin_requires_its_macros():
 
 @pytest.mark.parametrize("path", sorted(p.relative_to(GIN_DIR) for p in (GIN_DIR / "experiments").glob("*.gin")))
 def test_experiment_gins_bind_a_complete_experiment(path):
-    from gr_jax import training
     gin_utils.parse_gin(gin_files=[str(path)], bindings=["MODEL_DIR = '/tmp/unused'"])
-    experiment = gin.get_configurable(training.Experiment)()
+    experiment = gin.get_configurable(experiment_lib.Experiment)()
     assert experiment.model_dir and experiment.dataset.data_dir
     assert experiment.network_config.emb_dim > 0
     assert gin.query_parameter("training.train.num_train_steps") is not None
@@ -56,7 +56,7 @@ def test_pretrain_gin_turns_an_experiment_into_span_corruption_without_retrieval
     from gr_jax import training
     gin_utils.parse_gin(gin_files=["experiments/study_cpu.gin", "runs/pretrain.gin"],
                         bindings=["MODEL_DIR = '/tmp/unused'"])
-    experiment = gin.get_configurable(training.Experiment)()
+    experiment = gin.get_configurable(experiment_lib.Experiment)()
     assert experiment.dataset.row == "span_corruption" and experiment.dataset.docid_scheme == "naive"
     assert gin.get_configurable(training.EvalConfig)().every_steps == -1
     assert experiment.learning_rate(10**6) == 3e-3  # the experiment's own settings are kept

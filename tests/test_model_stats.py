@@ -1,10 +1,11 @@
-"""tools.model_stats (the study's Table 4): parameter counts by hand, FLOPs against a count of the matmuls."""
+"""gr_jax.tools.model_stats (the study's Table 4): parameter counts by hand, FLOPs against a count of the matmuls."""
 import dataclasses
 
 import pytest
 
 from gr_jax import network
-from tools import model_stats
+from gr_jax.heads import AtomicHead, PawaHead
+from gr_jax.tools import model_stats
 
 INPUT_LENGTH, BEAMS = 16, 4
 
@@ -12,6 +13,10 @@ INPUT_LENGTH, BEAMS = 16, 4
 @pytest.fixture(scope="module")
 def tiny_records():
     return {record["row"]: record for record in model_stats.main(["--tiny", "--json"])}
+
+
+def _pawa_layers(cfg: network.T5Config) -> int:
+    return PawaHead.num_layers(cfg) if cfg.decoder_head == "pawa" else 0
 
 
 def _hand_params(cfg: network.T5Config) -> int:
@@ -24,7 +29,7 @@ def _hand_params(cfg: network.T5Config) -> int:
         return trunk + d * 128 * -(-cfg.docid_vocab_size // 128)  # one column per docid, padded to 128
     head = d * v
     if cfg.decoder_head == "pawa":
-        head += cfg.num_pawa_layers * decoder_layer + d + h * cfg.relative_attention_num_buckets + d ** 3
+        head += _pawa_layers(cfg) * decoder_layer + d + h * cfg.relative_attention_num_buckets + d ** 3
     return trunk + head
 
 
@@ -33,8 +38,8 @@ def _matmul_flops_per_step(cfg: network.T5Config, *, rows: int, max_len: int, sr
     output layer; PAWA: its stack, the generated M_t and h_t M_t)."""
     d, h, k, m = cfg.emb_dim, cfg.num_heads, cfg.head_dim, cfg.mlp_dim
     layer = 4 * d * h * k + 2 * h * k * max_len + 2 * d * h * k + 2 * h * k * src_len + 3 * d * m
-    columns = cfg.atomic_columns if cfg.decoder_head == "atomic" else cfg.logits_vocab_size
-    macs = (cfg.num_decoder_layers + cfg.num_pawa_layers) * layer + d * columns
+    columns = AtomicHead.columns(cfg) if cfg.decoder_head == "atomic" else cfg.logits_vocab_size
+    macs = (cfg.num_decoder_layers + _pawa_layers(cfg)) * layer + d * columns
     if cfg.decoder_head == "pawa":
         macs += d ** 3 + d * d
     return 2 * rows * macs
@@ -43,7 +48,7 @@ def _matmul_flops_per_step(cfg: network.T5Config, *, rows: int, max_len: int, sr
 def _matmul_flops_prefill(cfg: network.T5Config, *, src_len: int) -> int:
     d, h, k, m = cfg.emb_dim, cfg.num_heads, cfg.head_dim, cfg.mlp_dim
     encoder = cfg.num_encoder_layers * src_len * (4 * d * h * k + 2 * h * k * src_len + 3 * d * m)
-    cross_kv = (cfg.num_decoder_layers + cfg.num_pawa_layers) * src_len * 2 * d * h * k
+    cross_kv = (cfg.num_decoder_layers + _pawa_layers(cfg)) * src_len * 2 * d * h * k
     return 2 * (encoder + cross_kv)
 
 

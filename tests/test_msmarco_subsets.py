@@ -1,4 +1,4 @@
-"""Tests of tools.msmarco_subsets on a small official-format MS MARCO fixture written to tmp_path.
+"""Tests of gr_jax.tools.msmarco_subsets on a small official-format MS MARCO fixture written to tmp_path.
 
 Fixture (12 passages, pids in shuffled line order):
     dev:   d1 -> 3 (rel 1), 5 (rel 0);  d2 -> 9, 1;  d3 -> 42 (not in the collection);  d4 unjudged
@@ -13,8 +13,8 @@ import pytest
 
 from gr_jax.data import readers
 from gr_jax.data.readers import DataFormatError
-from tools import msmarco_subsets
-from tools.msmarco_subsets import SubsetSpec, build_subsets, passage_key
+from gr_jax.tools import msmarco_subsets
+from gr_jax.tools.msmarco_subsets import SubsetSpec, build_subsets, passage_key
 
 PIDS = ("7", "3", "11", "0", "5", "9", "2", "8", "1", "10", "4", "6")
 TEXTS = {pid: f"passage {pid} about café number {pid}" for pid in PIDS}

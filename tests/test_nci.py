@@ -6,6 +6,7 @@ import shutil
 import pytest
 
 from gr_jax.data import nci, readers
+from gr_jax.tools import nci as nci_tool
 from gr_jax.data.readers import DataFormatError
 
 NQ_DOCS = {
@@ -194,8 +195,8 @@ def test_existing_different_dataset_needs_overwrite(nq_dir, trivia_dir, tmp_path
 
 
 def test_cli(trivia_dir, tmp_path, capsys):
-    summary = nci.main(["--nci_dir", str(trivia_dir), "--out_dir", str(tmp_path / "out")])
+    summary = nci_tool.main(["--nci_dir", str(trivia_dir), "--out_dir", str(tmp_path / "out")])
     assert json.loads(capsys.readouterr().out) == {"out_dir": str(tmp_path / "out"), **summary}
     assert readers.open_dataset(tmp_path / "out").splits() == ("dev", "train")
     with pytest.raises(SystemExit, match="error: .*neither NCI layout"):
-        nci.main(["--nci_dir", str(tmp_path / "out"), "--out_dir", str(tmp_path / "again")])
+        nci_tool.main(["--nci_dir", str(tmp_path / "out"), "--out_dir", str(tmp_path / "again")])

@@ -28,8 +28,8 @@ class ToyT5Block(nn.Module):
             return self.param(name, nn.with_logical_partitioning(init, names), shape)
 
         embedding = param("embedding", ("vocab", "embed"), (VOCAB, EMBED))
-        query = param("query", ("embed", "joined_kv"), (EMBED, HEADS * KV))
-        out = param("out", ("joined_kv", "embed"), (HEADS * KV, EMBED))
+        query = param("query", ("embed", "heads"), (EMBED, HEADS * KV))  # heads x kv fused into one axis
+        out = param("out", ("heads", "embed"), (HEADS * KV, EMBED))
         wi = param("wi", ("embed", "mlp"), (EMBED, MLP))
         wo = param("wo", ("mlp", "embed"), (MLP, EMBED))
         relpos = param("rel_embedding", ("heads", "relpos_buckets"), (HEADS, BUCKETS))

@@ -16,7 +16,7 @@ import seqio
 import sentencepiece as spm
 import tensorflow as tf
 
-import tasks
+from gr_jax import tasks
 from gr_jax.data import pipeline
 from gr_jax.data.readers import read_collection, read_qrels, read_queries
 from gr_jax.docids import DocidTable
@@ -39,7 +39,9 @@ def data_dir(tmp_path_factory) -> pathlib.Path:
     texts = [t for _, t in read_collection(data_dir / "collection.tsv")]
     texts += [t for _, t in read_queries(data_dir / "queries.train.tsv")]
     train_sentencepiece(texts=texts, model_path=data_dir / "spm.model", vocab_size=320)
-    tasks.register_dataset(name=NAME, data_dir=data_dir, input_length=INPUT_LENGTH, target_length=TARGET_LENGTH)
+    space = tasks.load_docid_space(data_dir=data_dir, input_length=INPUT_LENGTH, target_length=TARGET_LENGTH)
+    tasks.register_dataset(name=NAME, data_dir=data_dir, docid_space=space, input_length=INPUT_LENGTH,
+                           target_length=TARGET_LENGTH)
     yield data_dir
     tasks.unregister_dataset(name=NAME)
 
@@ -152,9 +154,11 @@ def test_resuming_at_start_batch_continues_the_fresh_run(name):
 
 _RESUMED_RUN = """
 import hashlib, itertools, sys
-import tasks
+from gr_jax import tasks
 from gr_jax.data import pipeline
-tasks.register_dataset(name="pipe", data_dir=sys.argv[1], input_length={input_length}, target_length={target_length})
+space = tasks.load_docid_space(data_dir=sys.argv[1], input_length={input_length}, target_length={target_length})
+tasks.register_dataset(name="pipe", data_dir=sys.argv[1], docid_space=space, input_length={input_length},
+                       target_length={target_length})
 batches = pipeline.train_batches(mixture_or_task_name="pipe.firstp_daq_d2q_labeled.naive", batch_size=4,
                                  input_length={input_length}, target_length={target_length}, seed=3, start_batch=7)
 for batch in itertools.islice(batches, 5):

@@ -27,7 +27,8 @@ from gr_jax import pretrained
 from gr_jax.checkpoints import path_str
 from gr_jax.data.readers import DataFormatError
 from gr_jax.models import EncoderDecoderModel
-from gr_jax.trainer import Trainer, strip_boxes
+from gr_jax.partitioning import strip_boxes
+from gr_jax.trainer import Trainer
 
 D_MODEL, D_KV, HEADS, D_FF, ENC_LAYERS, DEC_LAYERS, VOCAB = 16, 3, 8, 32, 2, 3, 128
 # Lengths beyond the exact buckets (8 bidirectional, 16 causal) exercise the log-spaced relative buckets.
@@ -143,7 +144,11 @@ def ref_relative_bucket(relative_position, *, bidirectional, num_buckets=32, max
     return buckets + np.where(n < max_exact, n, large)
 
 
-def ref_logits(w: dict, config: dict, encoder_tokens: np.ndarray, decoder_tokens: np.ndarray) -> np.ndarray:
+def ref_logits(w: dict, config: dict, encoder_tokens: np.ndarray, decoder_tokens: np.ndarray, *,
+               output: str | None = None, scale: bool | None = None) -> np.ndarray:
+    """output: the tensor projecting onto the vocabulary; scale: whether the decoder output is multiplied by
+    d_model**-0.5 first. Both default to transformers 4.x's reading of `tie_word_embeddings` (shared and scaled
+    iff tied)."""
     w = {k: np.asarray(v, np.float64) for k, v in w.items()}
     eps = config["layer_norm_epsilon"]
 
@@ -201,9 +206,12 @@ def ref_logits(w: dict, config: dict, encoder_tokens: np.ndarray, decoder_tokens
         y = y + attention(f"{p}.1.EncDecAttention", h, encoded, 0.0, enc_mask)
         y = y + feed_forward(f"{p}.2.DenseReluDense", rms_norm(y, f"{p}.2.layer_norm.weight"))
     y = rms_norm(y, "decoder.final_layer_norm.weight")
-    if config["tie_word_embeddings"]:
-        return (y * config["d_model"] ** -0.5) @ w["shared.weight"].T
-    return y @ w["lm_head.weight"].T
+    tied = config["tie_word_embeddings"]
+    output = output or ("shared.weight" if tied else "lm_head.weight")
+    scale = tied if scale is None else scale
+    if scale:
+        y = y * config["d_model"] ** -0.5
+    return y @ w[output].T
 
 
 def expected_params(w: dict, *, gated: bool = True, tied: bool = False) -> dict:
@@ -290,6 +298,18 @@ def leaves_by_path(tree):
 # ----------------------------------------------------------------------------------------------
 
 
+def loaded_logits(directory, config, mesh, *, seed: int, padding: int):
+    """(encoder tokens, decoder tokens, our teacher-forced logits) of the checkpoint in `directory`, loaded onto
+    `mesh`: random queries of 2 rows with `padding` trailing PAD tokens."""
+    fresh, shardings = fresh_and_shardings(config, mesh)
+    params = pretrained.load_pretrained_params(checkpoint_dir=directory, config=config, fresh_params=fresh,
+                                               shardings=shardings)
+    rng = np.random.default_rng(seed)
+    enc = tokens(rng, batch=2, length=ENC_LEN, vocab=VOCAB, padding=padding)
+    dec = tokens(rng, batch=2, length=DEC_LEN, vocab=VOCAB, start_with_pad=True)
+    return enc, dec, np.asarray(jax.jit(network.Transformer(config).apply)({"params": params}, enc, dec))
+
+
 @pytest.mark.parametrize("variant", ["t5.1.1 single file", "t5.1.1 sharded bf16", "t5 1.0 tied relu"])
 def test_teacher_forced_logits_match_numpy_t5(tmp_path, mesh, variant):
     if variant == "t5 1.0 tied relu":
@@ -304,14 +324,7 @@ def test_teacher_forced_logits_match_numpy_t5(tmp_path, mesh, variant):
     directory = write_checkpoint(tmp_path / "ckpt", weights, config_json,
                                  num_shards=3 if "sharded" in variant else 0,
                                  dtype=ml_dtypes.bfloat16 if "bf16" in variant else np.float32)
-    fresh, shardings = fresh_and_shardings(config, mesh)
-    params = pretrained.load_pretrained_params(checkpoint_dir=directory, config=config, fresh_params=fresh,
-                                               shardings=shardings)
-
-    rng = np.random.default_rng(4)
-    enc = tokens(rng, batch=2, length=ENC_LEN, vocab=VOCAB, padding=7)
-    dec = tokens(rng, batch=2, length=DEC_LEN, vocab=VOCAB, start_with_pad=True)
-    ours = jax.jit(network.Transformer(config).apply)({"params": params}, enc, dec)
+    enc, dec, ours = loaded_logits(directory, config, mesh, seed=4, padding=7)
     # The reference reads the tensors back from the files (bf16-rounded in the bf16 variant).
     on_disk = {}
     for path in sorted(directory.glob("*.safetensors")):
@@ -319,6 +332,85 @@ def test_teacher_forced_logits_match_numpy_t5(tmp_path, mesh, variant):
     reference = ref_logits(on_disk, config_json, enc, dec)
     assert np.abs(reference).max() > 1.0  # Non-trivial logits.
     np.testing.assert_allclose(np.asarray(ours), reference, rtol=1e-4, atol=1e-4 * np.abs(reference).max())
+
+
+# Checkpoints as each transformers line saves them: config.json overrides, the tensors saved, and the output
+# tensor and d_model**-0.5 factor that line applies (read in its models/t5/{configuration,modeling}_t5.py).
+# 4.x: `tie_word_embeddings` decides both, lm_head tied to shared. 5.x: `tie_word_embeddings` is forced true and
+# `scale_decoder_outputs` (saved) holds the factor; a saved lm_head stays untied where it differs from shared, and
+# save_pretrained drops the copies of shared. 5.x's mT5 never scales and writes no `scale_decoder_outputs`.
+V4, V5 = "4.57.1", "5.23.0"
+GENERATIONS = {
+    "4.x tied t5 1.0": (dict(tie_word_embeddings=True, transformers_version=V4), "copies and lm_head copy",
+                        "shared.weight", True),
+    "4.x untied t5.1.1": (dict(tie_word_embeddings=False, transformers_version=V4), "copies and own lm_head",
+                          "lm_head.weight", False),
+    "5.x tied t5 1.0": (dict(tie_word_embeddings=True, scale_decoder_outputs=True, transformers_version=V5),
+                        "shared only", "shared.weight", True),
+    "5.x tied unscaled": (dict(tie_word_embeddings=True, scale_decoder_outputs=False, transformers_version=V5),
+                          "shared only", "shared.weight", False),
+    "5.x t5.1.1": (dict(tie_word_embeddings=True, scale_decoder_outputs=False, transformers_version=V5),
+                   "shared and own lm_head", "lm_head.weight", False),
+    "5.x untied differing lm_head": (dict(tie_word_embeddings=False, scale_decoder_outputs=False,
+                                          transformers_version=V5), "shared and own lm_head", "lm_head.weight", False),
+    "5.x scaled own lm_head": (dict(tie_word_embeddings=True, scale_decoder_outputs=True, transformers_version=V5),
+                               "shared and own lm_head", "lm_head.weight", True),
+    "5.x mt5": (dict(model_type="mt5", tie_word_embeddings=True, transformers_version=V5), "shared and own lm_head",
+                "lm_head.weight", False),
+}
+
+
+@pytest.mark.parametrize("generation", list(GENERATIONS))
+def test_teacher_forced_logits_follow_the_transformers_version_that_saved_the_checkpoint(tmp_path, mesh, generation):
+    overrides, saved, output, scale = GENERATIONS[generation]
+    config_json = hf_config(**overrides)
+    weights = hf_weights(15, tied="own lm_head" not in saved, tied_copies="copies" in saved)
+    if saved == "copies and lm_head copy":
+        weights["lm_head.weight"] = weights["shared.weight"].copy()
+    if "own lm_head" in saved:
+        assert not np.array_equal(weights["lm_head.weight"], weights["shared.weight"])
+    directory = write_checkpoint(tmp_path / "ckpt", weights, config_json)
+    enc, dec, ours = loaded_logits(directory, our_config(), mesh, seed=16, padding=5)
+    reference = ref_logits(weights, config_json, enc, dec, output=output, scale=scale)
+    assert np.abs(reference).max() > 1.0  # Non-trivial logits.
+    np.testing.assert_allclose(ours, reference, rtol=1e-4, atol=1e-4 * np.abs(reference).max())
+    # The other factor is far outside that tolerance: the test tells the two readings apart.
+    other = ref_logits(weights, config_json, enc, dec, output=output, scale=not scale)
+    assert np.abs(ours - other).max() > 0.1 * np.abs(reference).max()
+
+
+@pytest.mark.parametrize("overrides, tensor", [
+    # 4.x ties lm_head to shared when tie_word_embeddings: a saved lm_head that differs contradicts config.json.
+    (dict(tie_word_embeddings=True, transformers_version=V4), "lm_head.weight"),
+    (dict(tie_word_embeddings=True), "lm_head.weight"),
+    # 5.x still ties embed_tokens to shared.
+    (dict(tie_word_embeddings=True, scale_decoder_outputs=False, transformers_version=V5),
+     "decoder.embed_tokens.weight"),
+    (dict(model_type="mt5", tie_word_embeddings=True, transformers_version=V5), "encoder.embed_tokens.weight"),
+])
+def test_tied_copy_that_differs_is_rejected_in_either_generation(tmp_path, mesh, overrides, tensor):
+    weights = hf_weights(17)  # lm_head differs from shared.
+    if tensor != "lm_head.weight":
+        weights[tensor][7, 2] += 1.0
+    directory = write_checkpoint(tmp_path / "ckpt", weights, hf_config(**overrides))
+    with pytest.raises(DataFormatError, match=re.escape(f"tensor {tensor!r} differs from 'shared.weight'")):
+        _load(directory, our_config(), mesh)
+
+
+def test_mix_vocabulary_rows_takes_the_first_rows_from_source_and_the_rest_fresh(mesh):
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, "model"))
+    fresh = np.arange(4 * 12, dtype=np.float32).reshape(4, 12) + 1000
+    trimmed = -np.arange(4 * 5, dtype=np.float32).reshape(4, 5)  # Only the trained rows (a smaller run).
+    full = np.concatenate([trimmed, np.full((4, 7), np.nan, np.float32)], axis=1)  # Past the rows: ignored.
+    expected = np.concatenate([trimmed, fresh[:, 5:]], axis=1)
+    for source in (trimmed, full):
+        mixed = pretrained.mix_vocabulary_rows(source=jnp.asarray(source), fresh=jnp.asarray(fresh), axis=1, rows=5,
+                                               sharding=sharding)
+        np.testing.assert_array_equal(np.asarray(mixed), expected)
+        assert mixed.sharding == sharding and mixed.dtype == jnp.float32
+    with pytest.raises(ValueError, match=r"cannot take 5 rows along axis 1 of a \(3, 5\) array into a \(4, 12\)"):
+        pretrained.mix_vocabulary_rows(source=jnp.zeros((3, 5)), fresh=jnp.asarray(fresh), axis=1, rows=5,
+                                       sharding=sharding)
 
 
 def test_relative_buckets_agree_with_transformers_formula():
@@ -542,6 +634,8 @@ def test_config_json_disagreeing_with_our_config_names_every_difference(tmp_path
     ({"model_type": "umt5"}, r"model_type='umt5'"),
     ({"eos_token_id": 2}, r"eos_token_id=2 but our models use the T5 ids"),
     ({"d_model": "16"}, r"d_model must be an integer"),
+    ({"scale_decoder_outputs": "false"}, r"scale_decoder_outputs must be true or false, got 'false'"),
+    ({"transformers_version": "five"}, r"transformers_version must be a version such as"),
 ])
 def test_unsupported_config_json(tmp_path, overrides, message):
     directory = write_checkpoint(tmp_path / "ckpt", hf_weights(), hf_config(**overrides))

@@ -235,3 +235,22 @@ def test_write_tsv_refuses_separators_in_fields_and_leaves_no_partial_file(tmp_p
         readers.write_tsv(path, [("1", "fine"), ("2", bad)])
     assert path.read_text(encoding="utf-8") == "1\told\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["collection.tsv"]
+
+
+@pytest.mark.parametrize("layout", ["msmarco", "beir"])
+def test_document_lookup_reads_documents_by_position(tmp_path, layout):
+    from gr_jax.data.readers import DocumentLookup
+    documents = [(f"d{i}", f"text of document {i}" + (" café" if i % 3 == 0 else "")) for i in range(50)]
+    if layout == "msmarco":
+        (tmp_path / "collection.tsv").write_text("".join(f"{d}\t{t}\r\n" if i == 7 else f"{d}\t{t}\n"
+                                                         for i, (d, t) in enumerate(documents)), encoding="utf-8")
+    else:
+        (tmp_path / "corpus.jsonl").write_text("".join(json.dumps({"_id": d, "title": "", "text": t}) + "\n"
+                                                       for d, t in documents), encoding="utf-8")
+    dataset = readers.open_dataset(tmp_path)
+    assert list(dataset.collection()) == documents
+    lookup = DocumentLookup(dataset)
+    rows = [49, 0, 7, 21, 7]
+    assert lookup.texts(rows) == [documents[r] for r in rows]
+    with pytest.raises(IndexError, match="document 50 of a collection of 50 lines"):
+        lookup.texts([50])

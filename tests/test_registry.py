@@ -2,7 +2,7 @@
 
 Two fixture datasets: the MS MARCO-layout corpus of tests/fixtures/tasks/ with its per-passage `d2q.tsv`, and
 the BEIR corpus of tests/fixtures/beir/ with a `pid \\t query` D2Q file. The semantic schemes read the token
-tables `python -m tools.semantic_ids` writes; here they are written by hand from fixed semantic ids
+tables `python -m gr_jax.tools.semantic_ids` writes; here they are written by hand from fixed semantic ids
 (tests/fixtures/tasks/semantic_ids.tsv, a rule for BEIR) following its documented token mapping, so neither
 MiniLM nor k-means runs.
 """
@@ -11,18 +11,18 @@ import logging
 import os
 import pathlib
 import shutil
+import types
 
 import numpy as np
 import pytest
 import seqio
 import sentencepiece as spm
 
-import tasks
+from gr_jax import tasks
 from gr_jax.data import pipeline
 from gr_jax.data.readers import open_dataset, read_beir_corpus, read_collection
-from gr_jax.docids import DocidTable
+from gr_jax.docids import DocidTable, load_docid_table
 from gr_jax.vocabulary import EOS_ID, train_sentencepiece
-from tasks import docid_tables
 
 from conftest import FIXTURES
 
@@ -42,13 +42,13 @@ def _semantic_ids(dataset: str, docids: list[str]) -> dict[str, list[int]]:
 
 
 def _semantic_tokens(code: list[int], sp: spm.SentencePieceProcessor) -> list[int]:
-    """tools.semantic_ids' "semantic" mapping: every digit as the vocabulary's digit piece, then EOS."""
+    """gr_jax.tools.semantic_ids' "semantic" mapping: every digit as the vocabulary's digit piece, then EOS."""
     digits = "".join(str(v).zfill(LEVEL_WIDTH) for v in code[:-1]) + str(code[-1]).zfill(LEAF_WIDTH)
     return [sp.piece_to_id(d) for d in digits] + [EOS_ID]
 
 
 def _semantic_2d_tokens(code: list[int], vocab_size: int) -> list[int]:
-    """tools.semantic_ids' "semantic2d" mapping: value v at position p is token vocab_size + p * base + v."""
+    """gr_jax.tools.semantic_ids' "semantic2d" mapping: value v at position p is token vocab_size + p * base + v."""
     return [vocab_size + position * BASE_2D + value for position, value in enumerate(code)] + [EOS_ID]
 
 
@@ -85,14 +85,24 @@ def data_dirs(tmp_path_factory) -> dict[str, pathlib.Path]:
     return {"toy": toy, "beir": beir}
 
 
+def _register(*, name, data_dir, docid_scheme="naive", input_length=64, target_length=16, **kwargs):
+    """register_dataset with the docid space a run would build for these lengths; returns (names, space)."""
+    space = tasks.load_docid_space(data_dir=data_dir, docid_scheme=docid_scheme, input_length=input_length,
+                                   target_length=target_length)
+    return tasks.register_dataset(name=name, data_dir=data_dir, docid_space=space, input_length=input_length,
+                                  target_length=target_length, **kwargs), space
+
+
 @pytest.fixture(scope="module")
 def registry(data_dirs):
-    """Every dataset registered under every scheme: {(dataset, scheme): the names register_dataset returned}."""
-    names = {}
+    """Every dataset registered under every scheme: {(dataset, scheme): the names register_dataset returned}, and
+    the docid spaces they were registered with."""
+    names, spaces = {}, {}
     for dataset, scheme in itertools.product(DATASETS, SCHEMES):
-        names[dataset, scheme] = tasks.register_dataset(name=dataset, data_dir=data_dirs[dataset], docid_scheme=scheme,
-                                                        input_length=INPUT_LENGTH, target_length=TARGET_LENGTH)
-    yield names
+        names[dataset, scheme], spaces[dataset, scheme] = _register(
+            name=dataset, data_dir=data_dirs[dataset], docid_scheme=scheme, input_length=INPUT_LENGTH,
+            target_length=TARGET_LENGTH)
+    yield types.SimpleNamespace(names=names, spaces=spaces)
     for dataset, scheme in names:
         tasks.unregister_dataset(name=dataset, docid_scheme=scheme)
 
@@ -103,7 +113,7 @@ def test_the_registry_lists_every_dataset_row_and_scheme(registry):
         expected_tasks = {f"{dataset}.{r}.{scheme}" for r in tasks.REPRESENTATIONS}
         expected_mixtures = {f"{dataset}.{row}.{scheme}" for row in [*tasks.MIXTURE_ROWS, *tasks.ROW_IDS]}
         assert expected_tasks <= task_names and expected_mixtures <= mixture_names
-        assert set(registry[dataset, scheme]) == expected_tasks | expected_mixtures
+        assert set(registry.names[dataset, scheme]) == expected_tasks | expected_mixtures
     assert len(tasks.MIXTURE_ROWS) == len(tasks.ROW_IDS) == 7  # 1a, 2a, 2b, 3a, 3b, 6a, 6b
 
 
@@ -112,7 +122,7 @@ def test_the_registry_lists_every_dataset_row_and_scheme(registry):
 @pytest.mark.parametrize("dataset", DATASETS)
 def test_every_combination_builds_a_batch(registry, data_dirs, dataset, scheme, row):
     data_dir = data_dirs[dataset]
-    table = docid_tables.load_or_build_docid_table(
+    table = load_docid_table(
         dataset=open_dataset(data_dir), scheme=scheme, vocabulary=seqio.SentencePieceVocabulary(
             str(data_dir / "spm.model")), vocabulary_path=data_dir / "spm.model")
     rows = {tuple(r[:n].tolist()) for r, n in zip(table.tokens, table.lengths)}
@@ -125,7 +135,7 @@ def test_every_combination_builds_a_batch(registry, data_dirs, dataset, scheme, 
     for inputs, targets in zip(batch["encoder_input_tokens"], batch["decoder_target_tokens"]):
         assert tuple(targets[targets != 0].tolist()) in rows  # a docid of this scheme's table
         assert inputs[inputs != 0][-1] == EOS_ID
-    assert batch["decoder_target_tokens"].max() < tasks.docid_vocab_size(name=dataset, docid_scheme=scheme)
+    assert batch["decoder_target_tokens"].max() < registry.spaces[dataset, scheme].model_vocab_size
 
 
 def test_atomic_docids_are_one_new_token_per_document(registry, data_dirs):
@@ -134,12 +144,12 @@ def test_atomic_docids_are_one_new_token_per_document(registry, data_dirs):
     docids = [d for d, _ in read_collection(data_dirs["toy"] / "collection.tsv")]
     assert table.docids == tuple(docids)
     assert table.tokens.tolist() == [[vocab_size + i, EOS_ID] for i in range(len(docids))]
-    assert tasks.docid_vocab_size(name="toy", docid_scheme="atomic") == vocab_size + len(docids)
+    assert registry.spaces["toy", "atomic"].model_vocab_size == vocab_size + len(docids)
     # Naive docids are pieces; the vocabulary also reserves the span corruption sentinels after the pieces.
     sentinels = tasks.RepresentationOptions(input_length=INPUT_LENGTH, target_length=TARGET_LENGTH, d2q_path="",
                                             sentinel_start=vocab_size).num_sentinels
     assert sentinels == 2  # windows of 15 tokens fit inputs 16: 2 noise tokens in 1 span (2 if split)
-    assert tasks.docid_vocab_size(name="toy", docid_scheme="naive") == vocab_size + sentinels
+    assert registry.spaces["toy", "naive"].model_vocab_size == vocab_size + sentinels
 
 
 def test_semantic_tables_are_read_as_prebuilt_and_size_the_output(registry, data_dirs):
@@ -154,9 +164,9 @@ def test_semantic_tables_are_read_as_prebuilt_and_size_the_output(registry, data
     sp = spm.SentencePieceProcessor(model_file=str(data_dir / "spm.model"))
     i = tables["semantic"].docids.index("58213")
     assert tables["semantic"].tokens[i, :5].tolist() == [sp.piece_to_id(d) for d in "3000"] + [EOS_ID]
-    assert tasks.docid_vocab_size(name="toy", docid_scheme="semantic") == vocab_size + 2  # + the 2 sentinels
+    assert registry.spaces["toy", "semantic"].model_vocab_size == vocab_size + 2  # + the 2 sentinels
     # 2D: the largest token is position 2 (the leaf of a depth-2 id), value 1.
-    assert tasks.docid_vocab_size(name="toy", docid_scheme="semantic2d") == vocab_size + 2 * BASE_2D + 1 + 1
+    assert registry.spaces["toy", "semantic2d"].model_vocab_size == vocab_size + 2 * BASE_2D + 1 + 1
 
 
 @pytest.fixture
@@ -169,11 +179,11 @@ def scheme_data_dir(data_dirs, tmp_path) -> pathlib.Path:
 def register():
     added = []
 
-    def _register(**kwargs):
+    def register_and_remember(**kwargs):
         added.append((kwargs["name"], kwargs["docid_scheme"]))
-        return tasks.register_dataset(**kwargs)
+        return _register(**kwargs)[0]
 
-    yield _register
+    yield register_and_remember
     for name, scheme in added:
         tasks.unregister_dataset(name=name, docid_scheme=scheme)
 
@@ -181,7 +191,7 @@ def register():
 @pytest.mark.parametrize("scheme", ["semantic", "semantic2d"])
 def test_a_missing_semantic_table_names_the_command_that_builds_it(scheme_data_dir, register, scheme):
     os.remove(scheme_data_dir / f"docids.{scheme}.tsv")
-    with pytest.raises(FileNotFoundError, match=f"python -m tools.semantic_ids --data_dir {scheme_data_dir} "
+    with pytest.raises(FileNotFoundError, match=f"python -m gr_jax.tools.semantic_ids --data_dir {scheme_data_dir} "
                                                 f"--scheme {scheme}"):
         register(name="missing", data_dir=scheme_data_dir, docid_scheme=scheme)
     assert not (scheme_data_dir / f"docids.{scheme}.tsv").exists()  # nothing built in its place
@@ -192,7 +202,7 @@ def test_a_semantic_table_of_another_vocabulary_is_an_error(scheme_data_dir, reg
     original = semantic.read_text()
     semantic.write_text(semantic2d.read_text())  # appended tokens where digit pieces belong
     with pytest.raises(ValueError, match="not the vocabulary's digit pieces.*rebuild it with `python -m "
-                                         "tools.semantic_ids"):
+                                         "gr_jax.tools.semantic_ids"):
         register(name="wrong1", data_dir=scheme_data_dir, docid_scheme="semantic")
     semantic2d.write_text(original)  # digit pieces where appended tokens belong
     with pytest.raises(ValueError, match="inside the vocabulary of 320 pieces.*--scheme semantic2d"):
@@ -207,7 +217,8 @@ def test_a_prebuilt_table_is_never_rewritten(scheme_data_dir, register, caplog):
     with caplog.at_level(logging.WARNING):
         register(name="old", data_dir=scheme_data_dir, docid_scheme="semantic")
     assert table.read_text() == content and table.stat().st_mtime_ns == past
-    assert any("is older than" in r.getMessage() and "tools.semantic_ids" in r.getMessage() for r in caplog.records)
+    assert any("is older than" in r.getMessage() and "gr_jax.tools.semantic_ids" in r.getMessage()
+               for r in caplog.records)
 
 
 def test_a_stale_atomic_cache_is_rebuilt_for_another_vocabulary_size(scheme_data_dir, register):

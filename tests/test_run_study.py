@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from gr_jax.vocabulary import train_sentencepiece
-from tools import run_study
+from gr_jax.tools import run_study
 
 from conftest import FIXTURES
 
@@ -31,7 +31,7 @@ def _bindings(argv):
 
 
 class FakeRunner:
-    """Stands in for the subprocesses: writes what `gr_jax.train` / `tools.bm25` would, or fails like them."""
+    """Stands in for the subprocesses: writes what `gr_jax.train` / `gr_jax.tools.bm25` would, or fails like them."""
 
     def __init__(self, *, failing=()):
         self.failing = set(failing)
@@ -40,7 +40,7 @@ class FakeRunner:
     def __call__(self, argv, log_path, timeout):
         log_path.parent.mkdir(parents=True, exist_ok=True)
         module = argv[argv.index("-m") + 1]
-        if module == "tools.bm25":
+        if module == "gr_jax.tools.bm25":
             self.calls.append(("bm25_d2q" if "--d2q_file" in argv else "bm25",))
             metrics = BM25_D2Q if "--d2q_file" in argv else BM25
             log_path.write_text("some warning on stderr\n" + json.dumps({"system": "bm25", "split": "dev",
@@ -68,7 +68,7 @@ class FakeRunner:
 def _fake_preflight(*, data_dir, scheme):
     del data_dir
     if scheme == "semantic":
-        raise FileNotFoundError("no prebuilt docids.semantic.tsv: run python -m tools.semantic_ids")
+        raise FileNotFoundError("no prebuilt docids.semantic.tsv: run python -m gr_jax.tools.semantic_ids")
     return {"labeled_only", "firstp_labeled", "daq_labeled"}  # as without a d2q.tsv: no D2Q rows
 
 
@@ -117,12 +117,13 @@ def test_cells_baselines_results_and_table(data_dir, tmp_path):
     assert command[:3] == [sys.executable, "-m", "gr_jax.train"]
     assert [a for a in command if a.startswith("--gin_file")] == [
         "--gin_file=experiments/study_cpu.gin", "--gin_file=models/t5_1_1/small.gin",
-        "--gin_file=decoders/pawa.gin"]
+        "--gin_file=decoders/pawa.gin", "--gin_file=losses/consistency.gin"]
     bindings = _bindings(command)
     assert (bindings["MIXTURE_ROW"], bindings["DOCID_SCHEME"], bindings["TRAIN_STEPS"]) == (
         "firstp_labeled", "naive", 5)
     assert bindings["training.EvalConfig.constrained"] is False
-    assert bindings["network.T5Config.consistency_weight"] == 0.15
+    # The consistency variant is NCI's loss at its weight 0.15 (the loss gin, configured in one place).
+    assert "CONSISTENCY_WEIGHT = 0.15" in (run_study.REPO_ROOT / "gin_configs/losses/consistency.gin").read_text()
     # The atomic scheme brings its output head.
     atomic = run_study.Study(datasets=[run_study.Dataset("fixture_corpus", data_dir)], rows=[], schemes=["atomic"],
                              size="tiny", steps=5, out_dir=out_dir).train_command(
@@ -213,7 +214,7 @@ def vocab_data_dir(data_dir) -> pathlib.Path:
 
 
 def test_preflight_lists_the_rows_tasks_registers(vocab_data_dir):
-    import tasks
+    from gr_jax import tasks
     with_d2q = run_study.registered_rows(data_dir=vocab_data_dir, scheme="naive")
     assert with_d2q == set(tasks.MIXTURE_ROWS)  # the fixture has training queries and a d2q.tsv
     (vocab_data_dir / "d2q.tsv").unlink()
@@ -252,5 +253,5 @@ def test_plots_are_written_when_matplotlib_is_installed(data_dir, tmp_path):
 
 
 def test_study_rows_train_the_mixtures_tasks_registers_under_their_table_ids():
-    import tasks
+    from gr_jax import tasks
     assert {row.id: row.mixture_row for row in run_study.STUDY_ROWS.values()} == tasks.ROW_IDS

@@ -8,10 +8,11 @@ import faiss
 import numpy as np
 import pytest
 
-from gr_jax import semantic_ids
-from gr_jax.docids import DocidTable
-from gr_jax.semantic_ids import (SemanticIds, atomic_docid_table, build_semantic_ids, digit_token_ids, embed_texts,
-                                 output_vocab_size, semantic_2d_docid_table, semantic_docid_table)
+from gr_jax.docids import DocidSpace, DocidTable
+from gr_jax.docids.schemes.atomic import atomic_docid_table
+from gr_jax.docids.schemes.semantic import digit_token_ids, semantic_docid_table
+from gr_jax.docids.schemes.semantic2d import semantic_2d_docid_table
+from gr_jax.semantic_ids import SemanticIds, build_semantic_ids, embed_texts
 from gr_jax.vocabulary import EOS_ID, PAD_ID, load_vocabulary, train_sentencepiece
 
 DIGIT_TOKENS = list(range(10, 20))  # token of digit d is 10 + d
@@ -178,6 +179,12 @@ def test_bad_embeddings_and_parameters_are_refused():
 HAND_IDS = [(3, 0, 7, 42), (3, 1, 5), (9, 0)]
 
 
+def _model_vocab_size(table: DocidTable, *, vocab_size: int) -> int:
+    """The token ids a model needs for `table` over `vocab_size` pieces (read back from its file, a table does not
+    record how many tokens its scheme appended): its docid space's."""
+    return DocidSpace.from_table(table, scheme="any", text_vocab_size=vocab_size).model_vocab_size
+
+
 def test_semantic_table_through_digit_pieces_by_hand():
     ids = SemanticIds.from_ids(HAND_IDS, k=10, c=100)
     table = semantic_docid_table(docids=["d1", "d2", "d3"], ids=ids, digit_tokens=DIGIT_TOKENS)
@@ -205,7 +212,7 @@ def test_semantic_2d_table_by_hand():
         [1009, 1100, EOS_ID, PAD_ID, PAD_ID],
     ]
     assert extended.num_extra_tokens == 400 and extended.output_vocab_size == 1400
-    assert output_vocab_size(extended.table, vocab_size=1000) == 1343  # from the table alone: its largest token + 1
+    assert _model_vocab_size(extended.table, vocab_size=1000) == 1343  # from the table alone: its largest token + 1
     # The same digit at different depths is a different token (unlike the digit-piece table).
     two = semantic_2d_docid_table(docids=["x", "y"], ids=SemanticIds.from_ids([(4, 4, 4), (4, 3)], k=5, c=5),
                                   vocab_size=50)
@@ -219,7 +226,7 @@ def test_atomic_table():
     assert extended.table.tokens.tolist() == [[100, EOS_ID], [101, EOS_ID], [102, EOS_ID]]
     assert extended.num_extra_tokens == 3 and extended.output_vocab_size == 103
     assert extended.table.lookup([101, EOS_ID]) == "p3"
-    assert output_vocab_size(extended.table, vocab_size=100) == 103
+    assert _model_vocab_size(extended.table, vocab_size=100) == 103
     with pytest.raises(ValueError, match="vocab_size must be > 1"):
         atomic_docid_table(docids=["a"], vocab_size=1)
     with pytest.raises(ValueError, match="duplicate docid 'a'"):
@@ -285,7 +292,7 @@ class HashedBagOfWords:
 
 @pytest.mark.parametrize("scheme", ["semantic", "semantic2d"])
 def test_tool_builds_and_writes_the_table(topic_data_dir, scheme, capsys):
-    from tools import semantic_ids as tool
+    from gr_jax.tools import semantic_ids as tool
 
     encoder = HashedBagOfWords()
     cache = topic_data_dir / f"embeddings.{scheme}.npy"
@@ -311,7 +318,7 @@ def test_tool_builds_and_writes_the_table(topic_data_dir, scheme, capsys):
     else:
         assert table.tokens[:, 0].min() >= vocabulary.vocab_size
         assert report["output_vocab_size"] == vocabulary.vocab_size + report["num_extra_tokens"]
-        assert output_vocab_size(table, vocab_size=vocabulary.vocab_size) <= report["output_vocab_size"]
+        assert _model_vocab_size(table, vocab_size=vocabulary.vocab_size) <= report["output_vocab_size"]
     # A second run reuses the embeddings cache (the encoder is not called) and writes the same table.
     again = HashedBagOfWords()
     report = tool.build(data_dir=topic_data_dir, scheme=scheme, k=3, c=10, seed=0, nredo=5, embeddings_path=cache,
@@ -321,7 +328,7 @@ def test_tool_builds_and_writes_the_table(topic_data_dir, scheme, capsys):
 
 
 def test_tool_main_prints_json_and_reports_errors(topic_data_dir, tmp_path, capsys):
-    from tools import semantic_ids as tool
+    from gr_jax.tools import semantic_ids as tool
 
     report = tool.main(["--data_dir", str(topic_data_dir), "--scheme", "atomic", "--no_progress"])
     assert json.loads(capsys.readouterr().out) == report
@@ -364,4 +371,8 @@ def test_embed_texts_streams_into_a_preallocated_matrix():
 
 
 def test_schemes_are_listed():
-    assert semantic_ids.SCHEMES == ("semantic", "semantic2d", "atomic")
+    from gr_jax import docids
+    from gr_jax.tools import semantic_ids as tool
+
+    assert tool.SCHEMES == ("semantic", "semantic2d", "atomic")
+    assert set(tool.SCHEMES) <= set(docids.SCHEMES) == {"naive", "atomic", "semantic", "semantic2d"}

@@ -15,7 +15,7 @@ import seqio
 import sentencepiece as spm
 from seqio.test_utils import assert_dataset
 
-import tasks
+from gr_jax import tasks
 from gr_jax.data import d2q, pipeline
 from gr_jax.data.readers import DataFormatError, RetrievalDataset, read_collection, read_queries
 from gr_jax.docids import DocidTable
@@ -55,14 +55,23 @@ def data_dir(tmp_path, vocab_file) -> pathlib.Path:
     return tmp_path / "data"
 
 
+SPACES: dict[str, object] = {}  # dataset name -> the docid space its last registration used
+
+
 @pytest.fixture
 def register(request):
-    """register_dataset that unregisters what it added after the test."""
+    """register_dataset, with the docid space a run builds for the same data dir, scheme and lengths, that
+    unregisters what it added after the test."""
     added = []
 
-    def _register(**kwargs):
-        added.append((kwargs["name"], kwargs.get("docid_scheme", "naive")))
-        return tasks.register_dataset(**kwargs)
+    def _register(*, name, data_dir, docid_scheme="naive", input_length=64, target_length=16, vocabulary_path=None,
+                  **kwargs):
+        added.append((name, docid_scheme))
+        space = tasks.load_docid_space(data_dir=data_dir, docid_scheme=docid_scheme, input_length=input_length,
+                                       target_length=target_length, vocabulary_path=vocabulary_path)
+        SPACES[name] = space
+        return tasks.register_dataset(name=name, data_dir=data_dir, docid_space=space, input_length=input_length,
+                                      target_length=target_length, vocabulary_path=vocabulary_path, **kwargs)
 
     yield _register
     for name, scheme in added:
@@ -207,7 +216,7 @@ def test_bad_names_and_schemes_are_errors(data_dir, register):
 
 def test_missing_vocabulary_names_the_tool_to_run(data_dir, register):
     os.remove(data_dir / "spm.model")
-    with pytest.raises(FileNotFoundError, match="tools.make_vocab"):
+    with pytest.raises(FileNotFoundError, match="gr_jax.tools.make_vocab"):
         register(name="novocab", data_dir=data_dir)
 
 
@@ -483,8 +492,26 @@ def test_span_corruption_task_covers_every_document_token_within_the_lengths(dat
                 current = spans.setdefault(token, [])
             else:
                 current.append(token)
-        assert max(spans) < tasks.docid_vocab_size(name="toy")  # the model's vocabulary holds every sentinel
+        assert max(spans) < SPACES["toy"].model_vocab_size  # the model's vocabulary holds every sentinel
         piece = [t for token in inputs[:-1] for t in (spans[token] if token >= vocab_size else [token])]
         rebuilt.setdefault(example["docid"].decode(), []).extend(piece)
     documents = dict(read_collection(data_dir / "collection.tsv"))
     assert rebuilt == {docid: _sp(data_dir).encode(text) for docid, text in documents.items()}
+
+
+def test_a_run_registers_only_the_rows_it_asks_for(data_dir, register, caplog):
+    """An experiment registers its own row: nothing is read or warned about for representations it does not use
+    (here the absent D2Q file), and a requested row that cannot be built is an error, not a warning."""
+    os.remove(data_dir / "d2q.tsv")
+    with caplog.at_level(logging.INFO):
+        names = register(name="only2a", data_dir=data_dir, rows=("2a",))
+    assert names == ["only2a.firstp.naive", "only2a.labeled.naive", "only2a.firstp_labeled.naive", "only2a.2a.naive"]
+    messages = [r.getMessage() for r in caplog.records]
+    assert not [m for m in messages if "d2q" in m.lower() or "synthetic" in m or "skipping" in m], messages
+    mixture = seqio.get_mixture_or_task("only2a.2a.naive").get_dataset({"inputs": 64, "targets": 16}, split="train")
+    assert next(iter(mixture.as_numpy_iterator()))["targets"][-1] == EOS_ID  # a batch-ready example
+    with pytest.raises(ValueError, match=r"mixture row 3b 'firstp_daq_d2q_labeled' cannot be registered: no task for "
+                                         r"\['d2q'\]"):
+        register(name="only3b", data_dir=data_dir, rows=("3b",))
+    assert not [n for n in seqio.TaskRegistry.names() if n.startswith("only3b.")]  # nothing left half-registered
+    assert register(name="pretrain", data_dir=data_dir, rows=("span_corruption",)) == ["pretrain.span_corruption.naive"]

@@ -1,5 +1,6 @@
 """Trainer and training loop: sharding, learning, exact resume, microbatches, NaN guard, entry points."""
 import dataclasses
+import io
 import json
 import math
 import pathlib
@@ -9,7 +10,9 @@ import jax
 import numpy as np
 import pytest
 
+from gr_jax import actions
 from gr_jax import checkpoints
+from gr_jax import experiment as experiment_lib
 from gr_jax import network
 from gr_jax import optimizers
 from gr_jax import partitioning
@@ -17,7 +20,7 @@ from gr_jax import training
 from gr_jax.models import EncoderDecoderModel
 from gr_jax.trainer import Trainer
 from gr_jax.vocabulary import train_sentencepiece
-from tools.bench.train_step import random_batch
+from gr_jax.tools.bench.train_step import random_batch
 
 from conftest import FIXTURES
 
@@ -112,9 +115,9 @@ def data_dir(tmp_path_factory) -> pathlib.Path:
 
 
 def _experiment(data_dir, model_dir, *, dropout=0.1, lr=3e-3):
-    return training.Experiment(
+    return experiment_lib.Experiment(
         model_dir=str(model_dir),
-        dataset=training.DatasetConfig(name="fixture", data_dir=str(data_dir), input_length=16, target_length=12),
+        dataset=experiment_lib.DatasetConfig(name="fixture", data_dir=str(data_dir), input_length=16, target_length=12),
         network_config=network.T5Config(**{**MICRO.__dict__, "vocab_size": None, "dropout_rate": dropout}),
         learning_rate=optimizers.warmup_constant(peak=lr, warmup_steps=2), batch_size=8, mesh_data=4,
         mesh_model=2)
@@ -143,7 +146,7 @@ def test_resume_equals_uninterrupted_run(data_dir, tmp_path):
 
 def test_non_finite_loss_stops_training_and_keeps_last_good_checkpoint(data_dir, tmp_path):
     experiment = _experiment(data_dir, tmp_path / "nan", lr=1e30)
-    with pytest.raises(training.NonFiniteLossError, match="last good checkpoint"):
+    with pytest.raises(actions.NonFiniteLossError, match="last good checkpoint"):
         training.train(experiment=experiment, num_train_steps=40, checkpoint_every_steps=1, log_every_steps=1,
                        eval_config=NO_EVAL, progress=False)
     state, _ = experiment.build().restore()
@@ -185,7 +188,7 @@ def test_model_selection_stops_after_patience_and_reports_the_best_state(data_di
 
 def test_model_selection_record_keeps_the_first_best_and_resumes_from_its_checkpoint(tmp_path):
     path = tmp_path / "selection.json"
-    selection = training.ModelSelection.load(path, split="valid", metric="MRR@10", resumed_step=0, patience=2)
+    selection = actions.ModelSelection.load(path, split="valid", metric="MRR@10", resumed_step=0, patience=2)
     assert [selection.record(step, value) for step, value in ((2, 0.1), (4, 0.3), (6, 0.3), (8, 0.2))] == [
         True, True, False, False]
     assert (selection.best_step, selection.best_value, selection.evaluations_since_best) == (4, 0.3, 2)
@@ -193,11 +196,11 @@ def test_model_selection_record_keeps_the_first_best_and_resumes_from_its_checkp
     selection.save()
     # Resumed from the step-6 checkpoint: the step-8 evaluation will be redone, so it is dropped (and the
     # stop with it); the best state on disk stays the best.
-    resumed = training.ModelSelection.load(path, split="valid", metric="MRR@10", resumed_step=6, patience=2)
+    resumed = actions.ModelSelection.load(path, split="valid", metric="MRR@10", resumed_step=6, patience=2)
     assert resumed.history == [(2, 0.1), (4, 0.3), (6, 0.3)] and not resumed.stopped
     assert (resumed.best_step, resumed.evaluations_since_best) == (4, 1)
     with pytest.raises(ValueError, match="selects on MRR@10 of split 'valid'"):
-        training.ModelSelection.load(path, split="dev", metric="MRR@10", resumed_step=6)
+        actions.ModelSelection.load(path, split="dev", metric="MRR@10", resumed_step=6)
 
 
 def test_model_selection_needs_periodic_evaluation():
@@ -285,7 +288,7 @@ def test_indexing_run_starts_from_a_continued_pretraining_run(data_dir, tmp_path
                                        vocab_axes=warm_start.vocabulary_axes(boxed))
 
 
-def test_train_eval_search_entry_points(data_dir, tmp_path, capsys):
+def test_train_eval_search_entry_points(data_dir, tmp_path, capsys, monkeypatch):
     from gr_jax import eval as eval_main
     from gr_jax import search
     from gr_jax import train as train_main
@@ -315,10 +318,43 @@ def test_train_eval_search_entry_points(data_dir, tmp_path, capsys):
     assert "query: sourdough bread" in out and "  1. " in out
     assert "(not a docid of the corpus)" not in out
 
+    # Without query arguments: one query per line of standard input, each answered with its latency; decoding is
+    # compiled for the first query only.
+    gin.clear_config()
+    monkeypatch.setattr("sys.stdin", io.StringIO("sourdough bread\n\nrye\nwhite rice\n"))
+    search.main(["--model_dir", str(model_dir), "--top_k", "3", "--num_beams", "4"])
+    out = capsys.readouterr().out
+    assert [line.split(": ", 1)[1] for line in out.splitlines() if line.startswith("query: ")] == [
+        "sourdough bread", "rye", "white rice"]
+    latencies = [line for line in out.splitlines() if line.startswith("latency: ")]
+    assert len(latencies) == 3 and "(compiled decoding" in latencies[0]
+    assert not any("compiled" in line for line in latencies[1:])
+    assert "(not a docid of the corpus)" not in out
+
+
+def test_a_run_reads_its_docid_table_once_and_builds_one_trie(data_dir, tmp_path, monkeypatch):
+    """Task registration, the model builder and both evaluators (model selection's split and the eval split)
+    share the run's DocidSpace: one read (or build) of the table, one trie."""
+    from gr_jax.docids import DocidTable, Trie
+    from gr_jax.docids.schemes.naive import NaiveScheme
+    reads, tries = [], []
+    load, build, build_trie = DocidTable.load.__func__, NaiveScheme.build, Trie.build.__func__
+    monkeypatch.setattr(DocidTable, "load", classmethod(lambda cls, path: reads.append(path) or load(cls, path)))
+    monkeypatch.setattr(NaiveScheme, "build", lambda self, **kwargs: reads.append("built") or build(self, **kwargs))
+    monkeypatch.setattr(Trie, "build", classmethod(lambda cls, *args, **kwargs: tries.append(1) or build_trie(
+        cls, *args, **kwargs)))
+    experiment = _experiment(data_dir, tmp_path / "once")
+    config = training.EvalConfig(every_steps=1, num_beams=4, batch_size=8, select_split="train", patience=5)
+    final = training.train(experiment=experiment, num_train_steps=2, checkpoint_every_steps=2, eval_config=config,
+                           progress=False)
+    assert final["eval/num_queries"] == 4 and final["select/best_step"] in (1, 2)
+    assert len(reads) == 1 and len(tries) == 1
+
 
 def test_unknown_gin_binding_is_reported():
     import gin
     from gr_jax import train as train_main
     gin.clear_config()
-    with pytest.raises(ValueError, match="No configurable matching 'T5Config.no_such_knob'|no_such_knob"):
+    # Bad input ends with one line naming it, and exit status 1 (gr_jax.entry_point), not a traceback.
+    with pytest.raises(SystemExit, match="^error: .*(No configurable matching 'T5Config.no_such_knob'|no_such_knob)"):
         train_main.main(["--gin_file=runs/train.gin", "--gin.network.T5Config.no_such_knob=3"])

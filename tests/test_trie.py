@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gr_jax.docids import naive_docid_table
-from gr_jax.trie import DEAD_STATE, ROOT_STATE, Trie
+from gr_jax.docids.schemes.naive import naive_docid_table
+from gr_jax.docids.trie import DEAD_STATE, ROOT_STATE, Trie
 
 PAD, EOS = 0, 1
 

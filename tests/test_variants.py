@@ -1,7 +1,6 @@
 """Model variants: atomic-ID head (full-corpus ranking, shard-wise), PAWA decoder, NCI's consistency loss, gins."""
 import dataclasses
 import math
-import types
 
 import gin
 import jax
@@ -11,21 +10,23 @@ import pytest
 from flax import linen as nn
 
 from gr_jax import decoding
+from gr_jax import experiment as experiment_lib
 from gr_jax import gin_utils
 from gr_jax import losses
 from gr_jax import network
 from gr_jax import optimizers
 from gr_jax import partitioning
-from gr_jax import semantic_ids
-from gr_jax import training
-from gr_jax.models import EncoderDecoderModel, top_k_columns
+from gr_jax.docids.schemes.atomic import atomic_docid_table
+from gr_jax.docids.trie import Trie
+from gr_jax.heads.atomic import AtomicHead, top_k_columns
+from gr_jax.heads.pawa import PawaHead
+from gr_jax.models import EncoderDecoderModel
 from gr_jax.trainer import Trainer, summarize_metrics
-from gr_jax.trie import Trie
 
 # heads=4 so the 'model' axis of a 2x4 mesh divides every sharded dimension.
 MICRO = network.T5Config(vocab_size=128, emb_dim=32, num_heads=4, num_encoder_layers=2, num_decoder_layers=2,
                          head_dim=8, mlp_dim=64, dropout_rate=0.0)
-# Atomic ids as gr_jax.semantic_ids.atomic_docid_table makes them: docid i is token ATOMIC_START + i (appended after
+# Atomic ids as gr_jax.docids.schemes.atomic.atomic_docid_table makes them: docid i is token ATOMIC_START + i (appended after
 # a SentencePiece vocabulary of ATOMIC_START pieces), the head's column i.
 NUM_DOCIDS, ATOMIC_START = 300, 120
 ATOMIC = dataclasses.replace(MICRO, decoder_head="atomic", docid_vocab_start=ATOMIC_START, docid_vocab_size=NUM_DOCIDS)
@@ -35,8 +36,8 @@ PAWA = dataclasses.replace(MICRO, vocab_size=256, decoder_head="pawa", docid_voc
                            docid_vocab_size=POSITIONS * VALUES)
 
 
-def _params(config, *, input_length=7, target_length=4):
-    model = EncoderDecoderModel(config=config)
+def _params(config, *, input_length=7, target_length=4, loss=losses.TokenCrossEntropy()):
+    model = EncoderDecoderModel(config=config, loss=loss)
     variables = model.init(jax.random.PRNGKey(0), input_length=input_length, target_length=target_length)
     return model, nn.unbox(variables)["params"]
 
@@ -90,8 +91,8 @@ def test_bad_head_configurations_are_refused():
         dataclasses.replace(ATOMIC, output_vocab_size=ATOMIC_START + 10)
     with pytest.raises(ValueError, match="above EOS"):
         dataclasses.replace(MICRO, decoder_head="pawa", docid_vocab_start=1, docid_vocab_size=3)
-    with pytest.raises(ValueError, match="consistency_loss must be one of"):
-        dataclasses.replace(MICRO, consistency_loss="l2")
+    with pytest.raises(ValueError, match="consistency measure must be one of"):
+        losses.ConsistencyRegularised(weight=0.15, measure="l2")
     with pytest.raises(ValueError, match="do not fit the vocabulary"):
         _params(dataclasses.replace(MICRO, decoder_head="pawa", docid_vocab_start=120, docid_vocab_size=20))
 
@@ -134,8 +135,7 @@ def test_atomic_ranking_equals_sorting_all_docid_logits():
     result = jax.jit(lambda p, q: model.predict_batch(p, q, num_beams=10, max_decode_len=3))(params, queries)
     _check_ranking(result, tokens, log_p, 3)
     # The evaluator maps sequences back through the DocidTable: row i is [ATOMIC_START + i, EOS].
-    table = semantic_ids.atomic_docid_table(docids=[f"doc{i}" for i in range(NUM_DOCIDS)],
-                                            vocab_size=ATOMIC_START).table
+    table = atomic_docid_table(docids=[f"doc{i}" for i in range(NUM_DOCIDS)], vocab_size=ATOMIC_START).table
     assert [table.lookup(s) for s in np.asarray(result.sequences[1])] == [f"doc{t - ATOMIC_START}" for t in tokens[1]]
 
 
@@ -159,7 +159,7 @@ def test_atomic_ranking_is_shard_wise_on_a_2x4_mesh():
 
 def test_top_k_columns_beyond_the_number_of_docids_gives_empty_slots():
     model, params = _params(dataclasses.replace(ATOMIC, docid_vocab_size=5))
-    result = model.rank_atomic(params, _queries(2), num_results=8, max_decode_len=2)
+    result = AtomicHead.rank(model, params, _queries(2), num_results=8, max_decode_len=2)
     assert np.isfinite(result.scores[:, :5]).all() and np.isneginf(result.scores[:, 5:]).all()
     np.testing.assert_array_equal(result.sequences[:, 5:], 0)
     assert sorted(np.asarray(result.sequences[0, :5, 0]).tolist()) == list(range(ATOMIC_START, ATOMIC_START + 5))
@@ -174,7 +174,7 @@ def test_atomic_generic_beam_search_and_sampling_agree_with_the_ranking():
     """decode_step (docid logits at position 0, only EOS after) drives the generic search to the same result."""
     model, params = _params(ATOMIC)
     queries = _queries(3)
-    ranked = model.rank_atomic(params, queries, num_results=6, max_decode_len=2)
+    ranked = AtomicHead.rank(model, params, queries, num_results=6, max_decode_len=2)
     context = model._prefill(params, queries, 2)
     cache = network.init_cache(ATOMIC, rows=3 * 6, max_decode_len=2)
     searched = decoding.beam_search(step_fn=model._step_fn(params, context), cache=cache, batch_size=3,
@@ -196,7 +196,7 @@ def test_atomic_loss_and_score_are_per_docid():
     logits = model.module.apply({"params": params}, queries, batch["decoder_input_tokens"])
     log_p = jax.nn.log_softmax(logits[:, 0])
     expected = -np.asarray(log_p)[np.arange(4), docids]
-    z = model.z_loss * np.square(np.asarray(jax.nn.logsumexp(logits[:, 0], axis=-1)))
+    z = model.loss.z_loss * np.square(np.asarray(jax.nn.logsumexp(logits[:, 0], axis=-1)))
     np.testing.assert_allclose(loss, (expected + z).sum(), rtol=1e-5)
     assert float(metrics["weight"]) == 4.0  # one target (the docid) per query, EOS is certain
     np.testing.assert_allclose(model.score_batch(params, batch), -expected, rtol=1e-5)
@@ -215,7 +215,7 @@ def test_atomic_loss_and_score_are_per_docid():
 def test_pawa_param_shapes_and_count():
     _, params = _params(PAWA)
     pawa = params["pawa"]
-    assert PAWA.num_pawa_layers == 1  # half the decoder's 2 layers
+    assert PawaHead.num_layers(PAWA) == 1  # half the decoder's 2 layers
     assert pawa["weight_generator"].shape == (32, 32 * 32)
     assert params["logits_dense"].shape == (32, 256)  # the shared projection keeps its name and shape
     d, h, k, m = 32, 4, 8, 64
@@ -223,7 +223,13 @@ def test_pawa_param_shapes_and_count():
     assert _count(pawa) == stack + d * d * d
     assert _count(params) == _trunk_params(PAWA) + 32 * 256 + _count(pawa)
     sizes = dataclasses.replace(PAWA, pawa_num_layers=3)
-    assert sizes.num_pawa_layers == 3 and MICRO.num_pawa_layers == 0
+    assert PawaHead.num_layers(sizes) == 3 and MICRO.head.num_cached_layers(MICRO) == 0
+
+
+def _pawa_projections(transformer, queries, decoder_inputs):
+    """The PAWA head's W_t for teacher-forced decoder inputs (`PawaHead.projections`)."""
+    return transformer.head.projections(transformer.embed(decoder_inputs), transformer.encode(queries),
+                                        cross_mask=(queries > 0)[:, None, None, :])
 
 
 def test_pawa_projections_depend_on_position_and_prefix_and_give_the_logits():
@@ -232,8 +238,7 @@ def test_pawa_projections_depend_on_position_and_prefix_and_give_the_logits():
     table = _semantic2d_table(8)
     decoder_inputs = np.concatenate([np.zeros((2, 1), np.int32), table[:2, :-1]], axis=1)  # two different prefixes
     logits, states = model.module.apply({"params": params}, queries, decoder_inputs, return_states=True)
-    projections = model.module.apply({"params": params}, queries, decoder_inputs,
-                                     method=network.Transformer.pawa_projections)
+    projections = model.module.apply({"params": params}, queries, decoder_inputs, method=_pawa_projections)
     assert projections.shape == (2, 4, 32, 1 + POSITIONS * VALUES)
     columns = np.concatenate([[1], TEXT_VOCAB + np.arange(POSITIONS * VALUES)])
     # logits = h_t W_t over EOS and the docid tokens; every other column is masked.
@@ -246,7 +251,7 @@ def test_pawa_projections_depend_on_position_and_prefix_and_give_the_logits():
         assert np.abs(projections[0, t] - projections[1, t]).max() > 0.1
     # Same query, same prefix -> same projection (only the prefix and the query matter).
     same = model.module.apply({"params": params}, queries[:1].repeat(2, 0), decoder_inputs[:1].repeat(2, 0),
-                              method=network.Transformer.pawa_projections)
+                              method=_pawa_projections)
     np.testing.assert_allclose(same[0], same[1], atol=1e-6)
 
 
@@ -258,7 +263,7 @@ def test_pawa_incremental_decoding_equals_teacher_forcing():
     full = model.module.apply({"params": params}, queries, decoder_inputs)
     context = model._prefill(params, queries, 4)
     cache = network.init_cache(PAWA, rows=3, max_decode_len=4)
-    assert len(cache) == PAWA.num_decoder_layers + PAWA.num_pawa_layers
+    assert len(cache) == PAWA.num_decoder_layers + PawaHead.num_layers(PAWA)
     steps = []
     for t in range(4):
         logits, cache = model._step_fn(params, context)(jnp.asarray(decoder_inputs[:, t]), jnp.int32(t), cache)
@@ -353,12 +358,12 @@ def test_consistency_loss_is_zero_without_dropout_and_positive_with_it(kind):
     queries = np.asarray(_queries(4))
     batch = _batch(queries, np.array([[5, 6, 1, 0], [7, 1, 0, 0], [8, 9, 10, 1], [11, 12, 1, 0]]))
     rng = jax.random.PRNGKey(3)
+    measure = {"symmetric_kl": losses.SymmetricKL(), "contrastive": losses.ContrastiveStates()}[kind]
     for dropout_rate in (0.0, 0.3):
-        config = dataclasses.replace(MICRO, dropout_rate=dropout_rate, consistency_weight=0.5, consistency_loss=kind)
-        model, params = _params(config)
+        config = dataclasses.replace(MICRO, dropout_rate=dropout_rate)
+        model, params = _params(config, loss=losses.ConsistencyRegularised(weight=0.5, measure=measure))
         loss, metrics = model.loss_fn(params, batch, rng)
-        plain_loss, plain = EncoderDecoderModel(config=dataclasses.replace(config, consistency_weight=0.0)).loss_fn(
-            params, batch, rng)
+        plain_loss, plain = EncoderDecoderModel(config=config).loss_fn(params, batch, rng)
         assert "consistency_loss" not in plain
         consistency = float(metrics["consistency_loss"])
         if dropout_rate == 0.0:
@@ -374,10 +379,10 @@ def test_consistency_loss_is_zero_without_dropout_and_positive_with_it(kind):
 
 
 def test_consistency_training_keeps_the_loss_finite_for_hundreds_of_steps():
-    config = dataclasses.replace(MICRO, dropout_rate=0.1, consistency_weight=0.15, num_encoder_layers=1,
-                                 num_decoder_layers=1)
+    config = dataclasses.replace(MICRO, dropout_rate=0.1, num_encoder_layers=1, num_decoder_layers=1)
     mesh = partitioning.make_mesh(data=1, model=1, devices=jax.devices()[:1])
-    trainer = Trainer(model=EncoderDecoderModel(config=config), mesh=mesh, input_length=8, target_length=4,
+    model = EncoderDecoderModel(config=config, loss=losses.ConsistencyRegularised(weight=0.15))
+    trainer = Trainer(model=model, mesh=mesh, input_length=8, target_length=4,
                       batch_size=8, optimizer=optimizers.make_optimizer(
                           name="adafactor", learning_rate=optimizers.warmup_constant(peak=1e-2, warmup_steps=10)))
     rng = np.random.default_rng(0)
@@ -397,31 +402,64 @@ def test_consistency_training_keeps_the_loss_finite_for_hundreds_of_steps():
 # --- gin ----------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name,bindings,expected", [
-    ("standard", ["CONSISTENCY_WEIGHT = 0.15"], dict(decoder_head="standard", consistency_weight=0.15)),
-    ("atomic", ["DOCID_VOCAB_START = 320", "DOCID_VOCAB_SIZE = 1000"],
-     dict(decoder_head="atomic", docid_vocab_start=320, docid_vocab_size=1000, logits_vocab_size=1320)),
-    ("pawa", ["DOCID_VOCAB_START = 320", "DOCID_VOCAB_SIZE = 70", "CONSISTENCY_LOSS = 'contrastive'"],
-     dict(decoder_head="pawa", docid_vocab_start=320, docid_vocab_size=70, consistency_loss="contrastive")),
-    # Unbound, the range comes from the docid table (here its tokens are [320, 1320) and [320, 390)).
-    ("atomic", [], dict(decoder_head="atomic", docid_vocab_start=320, docid_vocab_size=1000, logits_vocab_size=1320)),
-    ("pawa", [], dict(decoder_head="pawa", docid_vocab_start=320, docid_vocab_size=70)),
+CONSISTENCY = "losses/consistency.gin"
+
+
+@pytest.mark.parametrize("name,gin_files,bindings,expected,expected_loss", [
+    ("standard", [CONSISTENCY], ["CONSISTENCY_WEIGHT = 0.15"], dict(decoder_head="standard"),
+     losses.ConsistencyRegularised(weight=0.15, measure=losses.SymmetricKL())),
+    ("atomic", [], ["DOCID_VOCAB_START = 320", "DOCID_VOCAB_SIZE = 1000"],
+     dict(decoder_head="atomic", docid_vocab_start=320, docid_vocab_size=1000, logits_vocab_size=1320),
+     losses.TokenCrossEntropy()),
+    ("pawa", ["losses/consistency_contrastive.gin"], ["DOCID_VOCAB_START = 320", "DOCID_VOCAB_SIZE = 70"],
+     dict(decoder_head="pawa", docid_vocab_start=320, docid_vocab_size=70),
+     losses.ConsistencyRegularised(weight=0.15, measure=losses.ContrastiveStates())),
+    # Unbound, the range comes from the docid space (here its tokens are [320, 1320) and [320, 390)).
+    ("atomic", [], [], dict(decoder_head="atomic", docid_vocab_start=320, docid_vocab_size=1000,
+                            logits_vocab_size=1320), losses.TokenCrossEntropy()),
+    ("pawa", [], [], dict(decoder_head="pawa", docid_vocab_start=320, docid_vocab_size=70), losses.TokenCrossEntropy()),
 ])
-def test_decoder_gins_configure_the_model_the_entry_points_build(name, bindings, expected):
+def test_decoder_gins_configure_the_model_the_entry_points_build(name, gin_files, bindings, expected, expected_loss):
     gin.clear_config()
     try:
-        gin_utils.parse_gin(gin_files=["runs/train.gin", "models/t5_1_1/tiny.gin", f"decoders/{name}.gin"],
+        gin_utils.parse_gin(gin_files=["runs/train.gin", "models/t5_1_1/tiny.gin", f"decoders/{name}.gin", *gin_files],
                             bindings=["MODEL_DIR = '/tmp/unused'", "DATASET_NAME = 'x'", "DATA_DIR = '/tmp/unused'",
                                       "TRAIN_STEPS = 1", *bindings])
-        experiment = gin.get_configurable(training.Experiment)()
+        experiment = gin.get_configurable(experiment_lib.Experiment)()
     finally:
         gin.clear_config()
     table_range = {"standard": None, "atomic": (320, 1320), "pawa": (320, 390)}[name]
-    model = training.build_model(config=experiment.network_config, vocabulary=types.SimpleNamespace(vocab_size=390),
-                                 docid_vocab_size=table_range[1] if table_range else 0, docid_token_range=table_range)
+    model = experiment_lib.build_model(config=experiment.network_config, loss=experiment.loss,
+                                       model_vocab_size=max(390, table_range[1] if table_range else 0),
+                                       docid_token_range=table_range)
     for key, value in expected.items():
         assert getattr(model.config, key) == value, key
+    assert model.loss == expected_loss  # the loss, configured in one place
     assert model.config.emb_dim == 256  # the size gin still sets the dimensions
     assert experiment.dataset.docid_scheme == {"standard": "naive", "atomic": "atomic", "pawa": "semantic2d"}[name]
     abstract = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), input_length=4, target_length=4))
     assert _count(nn.unbox(abstract)) > 0
+
+
+def test_a_new_head_is_one_registered_class():
+    """A head defined anywhere plugs in by name (gin: network.T5Config.decoder_head) with no other module edited."""
+    from gr_jax.heads import HEADS, StandardHead, register_head
+
+    @register_head("test_doubled")
+    class Doubled(StandardHead):
+        def project(self, states):
+            return 2.0 * super().project(states)
+
+    try:
+        model, params = _params(dataclasses.replace(MICRO, decoder_head="test_doubled"))
+        standard, standard_params = _params(MICRO)
+        assert jax.tree.map(np.shape, params) == jax.tree.map(np.shape, standard_params)  # the same parameter tree
+        queries, targets = _queries(2), np.array([[5, 6, 1, 0], [7, 1, 0, 0]])
+        batch = _batch(queries, targets)
+        np.testing.assert_allclose(
+            model.module.apply({"params": params}, queries, batch["decoder_input_tokens"]),
+            2.0 * standard.module.apply({"params": params}, queries, batch["decoder_input_tokens"]), rtol=1e-6)
+        result = model.predict_batch(params, queries, num_beams=3, max_decode_len=4)  # generic beam search
+        assert result.sequences.shape == (2, 3, 4)
+    finally:
+        del HEADS["test_doubled"]

@@ -1,4 +1,4 @@
-"""Tests of gr_jax.vocabulary and tools.make_vocab: T5 ids, one digit per piece, lossless round trip, seqio."""
+"""Tests of gr_jax.vocabulary and gr_jax.tools.make_vocab: T5 ids, one digit per piece, lossless round trip, seqio."""
 import shutil
 
 import pytest
@@ -6,7 +6,7 @@ import sentencepiece as spm
 
 from gr_jax import vocabulary
 from gr_jax.data import readers
-from tools import make_vocab
+from gr_jax.tools import make_vocab
 
 from conftest import FIXTURES
 
@@ -103,7 +103,7 @@ def test_seqio_reads_the_vocabulary(model_path, processor):
 
 
 def test_load_vocabulary_says_which_tool_makes_a_missing_one(tmp_path):
-    with pytest.raises(FileNotFoundError, match=rf"python -m tools.make_vocab --data_dir {tmp_path}"):
+    with pytest.raises(FileNotFoundError, match=rf"python -m gr_jax.tools.make_vocab --data_dir {tmp_path}"):
         vocabulary.load_vocabulary(tmp_path)
 
 

@@ -1,4 +1,4 @@
-"""Tests of tools.wordnet: wndb parsing, document/query text, the stable split, and the MS MARCO layout output."""
+"""Tests of gr_jax.tools.wordnet: wndb parsing, document/query text, the stable split, and the MS MARCO layout output."""
 import hashlib
 import json
 import pathlib
@@ -8,7 +8,7 @@ import pytest
 
 from gr_jax.data import readers
 from gr_jax.data.readers import DataFormatError
-from tools import wordnet
+from gr_jax.tools import wordnet
 
 SYSTEM_WORDNET = pathlib.Path("/usr/share/wordnet")
 FOOD = ("07555863", "07697825", "07843775", "07850329", "07852919", "07899999")  # Fixture noun.food synsets.

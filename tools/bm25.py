@@ -5,14 +5,15 @@ parameters k1=0.82, b=0.68, English stopwords and the Snowball English stemmer (
 msmarco_mini dev split this gives MRR@10 0.408. The "BM25 w/ doc2query-T5" row appends each passage's synthetic
 queries to its text before indexing (Nogueira & Lin, docTTTTTquery).
 
-    python -m tools.bm25 --data_dir DIR --split dev [--d2q_file FILE] [--run_file OUT] [--k 100]
+    python -m gr_jax.tools.bm25 --data_dir DIR --split dev [--d2q_file FILE] [--run_file OUT] [--k 100]
 
 prints one JSON line with ``gr_jax.evaluation.retrieval_metrics`` and, with ``--run_file``, writes a TREC run.
+Bad input (a duplicate document id, a malformed line) ends with one line naming the file and line.
 """
 from __future__ import annotations
 
 import argparse
-import json
+import logging
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -21,6 +22,7 @@ import Stemmer
 
 from gr_jax.data.d2q import read_d2q_file
 from gr_jax.data.readers import open_dataset
+from gr_jax.entry_point import run_tool
 from gr_jax.evaluation import retrieval_metrics, scored_to_ranked, write_trec_run
 
 DEFAULT_K1 = 0.82
@@ -102,7 +104,7 @@ def bm25_run(
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m tools.bm25", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m gr_jax.tools.bm25", description=__doc__.split("\n\n")[0])
     parser.add_argument("--data_dir", required=True, help="dataset directory read by gr_jax.data.readers")
     parser.add_argument("--split", default="dev", help="query/qrels split to evaluate (default: dev)")
     parser.add_argument("--d2q_file", default=None, help="doc2query-T5 expansions (docTTTTTquery layout)")
@@ -113,29 +115,45 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, float | int]:
-    args = _parse_args(argv)
-    dataset = open_dataset(args.data_dir)
+def evaluate(*, data_dir: str, split: str, d2q_file: str | None = None, run_file: str | None = None, k: int = 100,
+             k1: float = DEFAULT_K1, b: float = DEFAULT_B) -> dict[str, float | int]:
+    """BM25 (with doc2query expansions when `d2q_file` is given) on `split`: its metrics and, optionally, its run.
+
+    Judgements naming documents that are not in the collection can never be retrieved; they are counted in a
+    warning (`RetrievalDataset.check_qrels`), and they count as unretrieved in Recall.
+    """
+    dataset = open_dataset(data_dir)
     expansions = None
-    if args.d2q_file is not None:  # A first pass over the collection for its docids only (8.8M ids fit).
+    if d2q_file is not None:  # A first pass over the collection for its docids only (8.8M ids fit).
         docids_in_order = [docid for docid, _ in dataset.collection()]
-        expansions = read_d2q_file(args.d2q_file, docids_in_order=docids_in_order)
-    qrels = dataset.qrels(args.split)
-    run = bm25_run(
-        documents=dataset.collection(),
-        queries=dataset.queries(args.split),
-        k=args.k,
-        k1=args.k1,
-        b=args.b,
-        expansions=expansions,
-        show_progress=sys.stderr.isatty(),
-    )
-    tag = "bm25_d2q" if expansions is not None else "bm25"
-    if args.run_file is not None:
-        write_trec_run(args.run_file, run, tag=tag)
-    metrics = retrieval_metrics(run=scored_to_ranked(run), qrels=qrels)
-    print(json.dumps({"system": tag, "split": args.split, **metrics}), flush=True)
-    return metrics
+        expansions = read_d2q_file(d2q_file, docids_in_order=docids_in_order)
+    qrels = dataset.qrels(split)
+    docids: list[str] = []
+
+    def documents():
+        for docid, text in dataset.collection():
+            docids.append(docid)
+            yield docid, text
+
+    run = bm25_run(documents=documents(), queries=dataset.queries(split), k=k, k1=k1, b=b, expansions=expansions,
+                   show_progress=sys.stderr.isatty())
+    dataset.check_qrels(split, docids=set(docids))
+    if run_file is not None:
+        write_trec_run(run_file, run, tag=system_name(d2q_file))
+    return retrieval_metrics(run=scored_to_ranked(run), qrels=qrels)
+
+
+def system_name(d2q_file: str | None) -> str:
+    return "bm25" if d2q_file is None else "bm25_d2q"
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, float | int]:
+    """Prints `{"system", "split", **metrics}` as one JSON line; returns the metrics."""
+    args = _parse_args(argv)
+    logging.getLogger("bm25s").setLevel(logging.WARNING)  # it logs each indexing stage at DEBUG
+    return run_tool(lambda: evaluate(data_dir=args.data_dir, split=args.split, d2q_file=args.d2q_file,
+                                     run_file=args.run_file, k=args.k, k1=args.k1, b=args.b),
+                    report=lambda metrics: {"system": system_name(args.d2q_file), "split": args.split, **metrics})
 
 
 if __name__ == "__main__":

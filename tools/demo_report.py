@@ -1,6 +1,6 @@
 """Prints the demo's generative model next to BM25 on the same dev queries.
 
-python -m tools.demo_report --model_dir runs/wordnet_demo --bm25 runs/wordnet_demo/bm25.json
+python -m gr_jax.tools.demo_report --model_dir runs/wordnet_demo --bm25 runs/wordnet_demo/bm25.json
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def format_table(rows: list[tuple[str, dict]]) -> str:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model_dir", required=True)
-    parser.add_argument("--bm25", required=True, help="the JSON line printed by tools.bm25")
+    parser.add_argument("--bm25", required=True, help="the JSON line printed by gr_jax.tools.bm25")
     args = parser.parse_args(argv)
     model = json.loads((pathlib.Path(args.model_dir) / "final_metrics.json").read_text())
     bm25 = json.loads(pathlib.Path(args.bm25).read_text().strip().splitlines()[-1])

@@ -2,15 +2,16 @@
 queries for every document (Nogueira & Lin's docTTTTTquery; the study's D2Q representation and its
 "BM25 w/ doc2query-T5" baseline).
 
-    python -m tools.doc2query train --data_dir DIR --model_dir MD [--steps N] [--gin_file F] [--gin.KEY=VALUE ...]
-    python -m tools.doc2query generate --data_dir DIR --model_dir MD --num_queries 20 --out DIR/d2q.tsv
+    python -m gr_jax.tools.doc2query train --data_dir DIR --model_dir MD [--steps N] [--gin_file F]
+        [--gin.KEY=VALUE ...]
+    python -m gr_jax.tools.doc2query generate --data_dir DIR --model_dir MD --num_queries 20 --out DIR/d2q.tsv
 
-`train` runs `gr_jax.training.train` on the seqio task `{dataset}.doc2query` (`tasks/doc2query.py`) with
+`train` runs `gr_jax.training.train` on the seqio task `{dataset}.doc2query` (`gr_jax.tasks.doc2query`) with
 `gin_configs/experiments/doc2query.gin` (tiny T5.1.1 by default; a later `--gin_file=models/t5_1_1/base.gin`
 changes the size), then reports the teacher-forced loss on the dev pairs. `generate` rebuilds the model from
 `MD/config.gin`, samples `--num_queries` queries per document with top-k sampling (k=10, temperature 1.0, as the
 study) in batched, jitted decoding, and writes one line per document in collection order, its queries separated by
-tabs: the docTTTTTquery layout that `tools.bm25 --d2q_file` and the D2Q task read. Generation is resumable: lines
+tabs: the docTTTTTquery layout that `gr_jax.tools.bm25 --d2q_file` and the D2Q task read. Generation is resumable: lines
 are appended and flushed per batch, and a restart checks the partial file and continues after its last complete
 line. Each batch's random key is derived from the seed and the index of its first document, so a resumed run
 with the same `--batch_size` writes exactly what an uninterrupted one would.
@@ -35,13 +36,12 @@ import jax
 import numpy as np
 import tqdm
 
+from gr_jax import entry_point
 from gr_jax import gin_utils
 from gr_jax import partitioning
-from gr_jax import training
-from gr_jax.data import pipeline
 from gr_jax.data.readers import DataFormatError, open_dataset, read_lines
-from gr_jax.evaluator import encode_queries
-from gr_jax.vocabulary import EOS_ID
+from gr_jax.experiment import Built, Doc2QueryData, Experiment
+from gr_jax.vocabulary import EOS_ID, encode_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -58,41 +58,14 @@ def default_dataset_name(data_dir: str | os.PathLike) -> str:
     return name or "dataset"
 
 
-@dataclasses.dataclass(frozen=True)
-class Doc2QueryDataset(training.DatasetConfig):
-    """An Experiment's data for doc2query: the task `{name}.doc2query` instead of a retrieval mixture row.
-
-    A drop-in `training.DatasetConfig`: the training loop only calls `register()` and reads `mixture_name`,
-    the lengths and the data dir. Retrieval evaluation must be off (`training.EvalConfig.every_steps = -1`,
-    set by experiments/doc2query.gin): the targets are queries, not docids.
-    """
-    row: str = "doc2query"
-    target_length: int = 32
-
-    def register(self) -> list[str]:
-        from tasks import doc2query as doc2query_tasks
-        return [doc2query_tasks.register_doc2query(name=self.name, data_dir=self.data_dir,
-                                                   input_length=self.input_length,
-                                                   target_length=self.target_length)]
-
-    @property
-    def mixture_name(self) -> str:
-        from tasks import doc2query as doc2query_tasks
-        return doc2query_tasks.doc2query_task_name(name=self.name)
-
-    def target_vocab_size(self) -> int:
-        return 0  # Queries are SentencePiece text: the vocabulary alone sizes the model.
-
-    def docid_token_range(self) -> None:
-        return None  # No docids: a doc2query model has the standard head.
-
-
 # --- Training -----------------------------------------------------------------------------------------------
 
 
-def validation_loss(*, experiment: training.Experiment, step: Optional[int] = None) -> dict[str, float]:
+def validation_loss(*, experiment: Experiment, step: Optional[int] = None) -> dict[str, float]:
     """Teacher-forced loss and token accuracy of a checkpoint on the task's 'validation' pairs (dev queries)."""
     import seqio
+
+    from gr_jax.data import pipeline
     built = experiment.build()
     state, _ = built.restore(step)
     dataset = experiment.dataset
@@ -110,7 +83,8 @@ def validation_loss(*, experiment: training.Experiment, step: Optional[int] = No
 
 def train_main(argv: Sequence[str]) -> dict[str, Any]:
     """`train` subcommand: gin = experiments/doc2query.gin, then `--gin_file`s, then the data/model bindings."""
-    parser = argparse.ArgumentParser(prog="python -m tools.doc2query train", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m gr_jax.tools.doc2query train",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--data_dir", required=True, help="data dir with training queries, qrels and spm.model")
     parser.add_argument("--model_dir", required=True, help="checkpoints, config.gin and metrics go here")
     parser.add_argument("--steps", type=int, default=None, help="training steps (default: the gin's TRAIN_STEPS)")
@@ -125,8 +99,10 @@ def train_main(argv: Sequence[str]) -> dict[str, Any]:
     gin_utils.parse_gin(gin_files=[EXPERIMENT_GIN, *gin_files], bindings=bindings,
                         search_paths=gin_args.gin_search_path)
     gin_utils.initialize_distributed()
+    from gr_jax import training  # TensorFlow: after `main`'s quiet start-up
+
     final = gin.get_configurable(training.train)(gin_config_str=gin.config_str())
-    experiment = gin.get_configurable(training.Experiment)()
+    experiment = gin.get_configurable(Experiment)()
     validation = validation_loss(experiment=experiment)
     if validation:
         path = pathlib.Path(experiment.model_dir) / f"eval.doc2query.validation.{validation['step']}.json"
@@ -162,7 +138,7 @@ class QuerySampler:
     Single process (as the retrieval evaluator): the batch is put on the mesh from this host's memory.
     """
 
-    def __init__(self, *, built: training.Built, params: Any, checkpoint_step: int, num_queries: int,
+    def __init__(self, *, built: Built, params: Any, checkpoint_step: int, num_queries: int,
                  documents_per_batch: int, top_k: int = 10, temperature: float = 1.0, seed: int = 0,
                  max_query_length: Optional[int] = None):
         for arg, value in (("num_queries", num_queries), ("documents_per_batch", documents_per_batch),
@@ -201,7 +177,7 @@ class QuerySampler:
         if not 0 < len(texts) <= self.documents_per_batch:
             raise ValueError(f"sample takes 1 to {self.documents_per_batch} documents, got {len(texts)}")
         tokens = np.zeros((self.documents_per_batch, self.input_length), np.int32)
-        tokens[:len(texts)] = encode_queries(list(texts), vocabulary=self.built.vocabulary,
+        tokens[:len(texts)] = encode_inputs(list(texts), vocabulary=self.built.vocabulary,
                                              input_length=self.input_length)
         rows = np.repeat(tokens, self.num_queries, axis=0)  # document d -> rows d * num_queries + [0, num_queries)
         rng = jax.random.fold_in(jax.random.PRNGKey(self.seed), first_document)
@@ -235,13 +211,13 @@ def restore_sampler(*, model_dir: str | os.PathLike, num_queries: int, documents
     with `gin_args` (`--gin.KEY=VALUE`, `--gin_file=...`) applied on top."""
     config = pathlib.Path(model_dir) / "config.gin"
     if not config.is_file():
-        raise FileNotFoundError(f"{config} is missing: train first (python -m tools.doc2query train "
+        raise FileNotFoundError(f"{config} is missing: train first (python -m gr_jax.tools.doc2query train "
                                 f"--data_dir DIR --model_dir {model_dir})")
     parsed, gin_files, bindings = gin_utils.parse_args(list(gin_args), description=__doc__)
     gin.clear_config()
     gin_utils.parse_gin(gin_files=[str(config), *gin_files], bindings=bindings, search_paths=parsed.gin_search_path)
-    experiment = gin.get_configurable(training.Experiment)()
-    if not isinstance(experiment.dataset, Doc2QueryDataset):
+    experiment = gin.get_configurable(Experiment)()
+    if not isinstance(experiment.dataset, Doc2QueryData):
         raise ValueError(f"{config} trains {experiment.dataset.mixture_name!r}, not a doc2query task: "
                          f"{model_dir} is a retrieval model")
     built = experiment.build()
@@ -292,7 +268,7 @@ def _check_metadata(out: pathlib.Path, metadata: dict[str, Any]) -> None:
     """Refuses to append to a file written by another model, checkpoint, collection or sampling setting."""
     meta_path = metadata_path(out)
     if not meta_path.is_file():
-        raise FileExistsError(f"{out} exists but {meta_path} does not: it was not written by tools.doc2query "
+        raise FileExistsError(f"{out} exists but {meta_path} does not: it was not written by gr_jax.tools.doc2query "
                               "generate, so it cannot be resumed. Move it away or choose another --out.")
     previous = json.loads(meta_path.read_text())
     different = {key: (previous.get(key), metadata[key]) for key in _RESUME_KEYS if previous.get(key) != metadata[key]}
@@ -388,8 +364,9 @@ def generate(*, sampler: QuerySampler, data_dir: str | os.PathLike, out: str | o
 
 
 def generate_main(argv: Sequence[str]) -> GenerationSummary:
-    parser = argparse.ArgumentParser(prog="python -m tools.doc2query generate", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model_dir", required=True, help="a model dir written by `tools.doc2query train`")
+    parser = argparse.ArgumentParser(prog="python -m gr_jax.tools.doc2query generate",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model_dir", required=True, help="a model dir written by `gr_jax.tools.doc2query train`")
     parser.add_argument("--data_dir", default=None, help="the collection to expand (default: the model's data dir)")
     parser.add_argument("--out", default=None, help="output file (default: DATA_DIR/d2q.tsv)")
     parser.add_argument("--num_queries", type=int, default=20, help="queries sampled per document")
@@ -417,12 +394,11 @@ def main(argv: Optional[Sequence[str]] = None) -> Any:
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = {"train": train_main, "generate": generate_main}
     if not argv or argv[0] not in commands:
-        raise SystemExit(f"usage: python -m tools.doc2query {{{','.join(commands)}}} [args]  (see --help of each)")
-    gin_utils.setup_logging()
+        raise SystemExit(f"usage: python -m gr_jax.tools.doc2query {{{','.join(commands)}}} [args] "
+                         "(see --help of each)")
+    entry_point.setup()
     return commands[argv[0]](argv[1:])
 
 
 if __name__ == "__main__":
-    # Run the importable module rather than __main__'s copy of it: gin configs build `tools.doc2query` classes.
-    from tools import doc2query
-    doc2query.main()
+    main()

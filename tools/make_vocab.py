@@ -3,7 +3,7 @@
 The vocabulary is trained on the collection plus the training queries (never dev/test queries, which
 would leak held-out text into the model's input space), streamed through `gr_jax.data.readers`.
 
-    python -m tools.make_vocab --data_dir data/wordnet_food [--vocab_size 8000]
+    python -m gr_jax.tools.make_vocab --data_dir data/wordnet_food [--vocab_size 8000]
 """
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def make_vocab(*, data_dir: str | pathlib.Path, vocab_size: int, input_sentence_
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m tools.make_vocab", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m gr_jax.tools.make_vocab", description=__doc__.split("\n\n")[0])
     parser.add_argument("--data_dir", required=True, help="dataset directory read by gr_jax.data.readers")
     parser.add_argument("--vocab_size", type=int, default=8000, help="number of pieces (default: 8000)")
     parser.add_argument("--input_sentence_size", type=int, default=1_000_000,

@@ -1,6 +1,6 @@
 """The study's Table 4: parameters and inference FLOPs per query of each model, ours next to the study's.
 
-    python -m tools.model_stats [--input_length 64] [--num_beams 40] [--naive_length 8] [--semantic2d_length 8]
+    python -m gr_jax.tools.model_stats [--input_length 64] [--num_beams 40] [--naive_length 8] [--semantic2d_length 8]
                                 [--rows base_atomic base_naive ...] [--json] [--tiny]
 
 Nothing is allocated: parameter shapes come from `jax.eval_shape` of the model's initialiser, and FLOPs from XLA's
@@ -41,6 +41,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from gr_jax import gin_utils
+from gr_jax import heads
 from gr_jax import network
 from gr_jax.models import EncoderDecoderModel
 
@@ -153,8 +154,8 @@ def measure(row: Row, *, input_length: int, num_beams: int) -> Stats:
     params = abstract_params(config)
     count = int(sum(math.prod(x.shape) for x in jax.tree.leaves(params)))
     tokens = jax.ShapeDtypeStruct((1, input_length), jnp.int32)
-    if config.decoder_head == "atomic":
-        rank = jax.jit(lambda p, t: model.rank_atomic(p, t, num_results=num_beams))
+    if config.head.ranks_in_one_pass:
+        rank = jax.jit(lambda p, t: model.predict_batch(p, t, num_beams=num_beams, max_decode_len=2))
         flops = _cost_flops(rank.lower(params, tokens).compile())
         return Stats(params=count, flops=flops, encoder_flops=flops, step_flops=0.0, uncached_flops=num_beams * flops)
     steps = row.decode_steps
@@ -189,7 +190,7 @@ def flops_notes(results: Sequence[tuple[Row, Stats]], *, num_beams: int) -> list
         return []
     ratios = [row.study_flops / stats.flops for row, stats in compared]
     uncached = [stats.uncached_flops / row.study_flops - 1 for row, stats in compared
-                if row.config.decoder_head != "pawa"]
+                if not issubclass(row.config.head, heads.PawaHead)]
     notes = [
         f"FLOPs: the study's numbers are {min(ratios):.1f}x to {max(ratios):.1f}x ours and it does not say how it "
         "counted. Ours are XLA's count of what this code runs: the query is encoded once (not once per beam), the "
@@ -204,7 +205,7 @@ def flops_notes(results: Sequence[tuple[Row, Stats]], *, num_beams: int) -> list
            "pieces + EOS; T5's own SentencePiece would split them into fewer, longer pieces)." if uncached else "")]
     for row, stats in compared:
         cfg = row.config
-        if cfg.decoder_head != "pawa" or abs(row.study_flops / stats.uncached_flops - 1) <= 0.05:
+        if not issubclass(cfg.head, heads.PawaHead) or abs(row.study_flops / stats.uncached_flops - 1) <= 0.05:
             continue
         materialised = 2 * cfg.emb_dim ** 2 * (cfg.docid_vocab_size + 1) * num_beams * row.decode_steps * (
             row.decode_steps + 1) / 2
@@ -240,7 +241,7 @@ def format_table(results: Sequence[tuple[Row, Stats]], *, input_length: int, num
     header = (f"{'model':34} {'params':>8} {'study':>8} {'diff':>7}   {'FLOPs':>8} {'study':>8} {'diff':>7}"
               f"   {'uncached':>8} {'diff':>7}   {'prefill':>8} {'step':>8} {'steps':>5}")
     lines = [f"Inference per query: {input_length} input tokens, {num_beams} beams, batch 1; diff = ours / study - 1; "
-             "FLOPs from XLA's cost analysis (python -m tools.model_stats --help)", header, "-" * len(header)]
+             "FLOPs from XLA's cost analysis (python -m gr_jax.tools.model_stats --help)", header, "-" * len(header)]
     notes = []
     for row, stats in results:
         p_diff, f_diff = _relative(stats.params, row.study_params), _relative(stats.flops, row.study_flops)
@@ -255,7 +256,7 @@ def format_table(results: Sequence[tuple[Row, Stats]], *, input_length: int, num
 
 
 def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
-    parser = argparse.ArgumentParser(prog="python -m tools.model_stats", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m gr_jax.tools.model_stats", description=__doc__.split("\n\n")[0])
     parser.add_argument("--input_length", type=int, default=64, help="query tokens (the study's inputs: 64)")
     parser.add_argument("--num_beams", type=int, default=40)
     parser.add_argument("--naive_length", type=int, default=8, help="naive docid tokens with EOS (7 digits + EOS)")

@@ -35,7 +35,7 @@ whatever the input split names, e.g. `--dev_split dev.small` for the study's 6,9
 without a relevant judgement and queries whose relevant passages all fall outside the subset are dropped and
 counted in summary.json and in the printed table, never silently.
 
-    python -m tools.msmarco_subsets --msmarco_dir DIR --out_dir OUT \\
+    python -m gr_jax.tools.msmarco_subsets --msmarco_dir DIR --out_dir OUT \\
         (--preset msmarco100k[,msmarco1m,full] | --size N | --sizes 2000,6000,all)
         [--keep dev|train+dev] [--fill train_relevant|uniform] [--seed 0] [--train_split train]
         [--dev_split dev] [--overwrite] [--no_progress]
@@ -181,7 +181,7 @@ def _check_outputs_free(directories: Iterable[pathlib.Path], *, overwrite: bool)
                                   "that dataset")
         if existing and (directory / "spm.model").exists():
             logger.warning("%s/spm.model was trained on the previous data: retrain it with "
-                           "`python -m tools.make_vocab --data_dir %s --overwrite`", directory, directory)
+                           "`python -m gr_jax.tools.make_vocab --data_dir %s --overwrite`", directory, directory)
 
 
 def _split_rows(split: _Split, *, in_subset) -> tuple[list[tuple[str, str]], list[tuple[str, int, str, int]], dict]:
@@ -416,7 +416,7 @@ def format_table(summary: Mapping) -> str:
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m tools.msmarco_subsets", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m gr_jax.tools.msmarco_subsets", description=__doc__.split("\n\n")[0])
     parser.add_argument("--msmarco_dir", required=True,
                         help="directory with the official collection.tsv, queries.{split}.tsv, qrels.{split}.tsv")
     parser.add_argument("--out_dir", required=True, help="each subset is written to OUT_DIR/<name>/")

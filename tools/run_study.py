@@ -1,14 +1,14 @@
 """Runs the study's tables at any scale: rows (document representations) x docid schemes, per data dir.
 
-    python -m tools.run_study --data_dir data/wordnet_food --rows 1a,2a --schemes naive --size tiny --steps 300 \\
-        --out_dir runs/study_wordnet [--data_dir DIR2 ...] [--gin_file F] [--gin.KEY=VALUE ...]
+    python -m gr_jax.tools.run_study --data_dir data/wordnet_food --rows 1a,2a --schemes naive --size tiny \\
+        --steps 300 --out_dir runs/study_wordnet [--data_dir DIR2 ...] [--gin_file F] [--gin.KEY=VALUE ...]
 
 Each cell (data dir x row x docid scheme) is one `python -m gr_jax.train` process, the normal gin entry point
 (`experiments/study_cpu.gin`, then `models/t5_1_1/{size}.gin`, the row's variant gins, `--gin_file`s and the
 cell's bindings), so cells are isolated and a crash stays in its cell. Training ends with the retrieval evaluation
 of the eval split (constrained beam search), whose metrics are the cell's result. Baselines come first: BM25 and,
-when `{data_dir}/d2q.tsv` exists (`python -m tools.doc2query generate`), BM25 over documents expanded with it
-(`python -m tools.bm25`).
+when `{data_dir}/d2q.tsv` exists (`python -m gr_jax.tools.doc2query generate`), BM25 over documents expanded with it
+(`python -m gr_jax.tools.bm25`).
 
 Rows are the study's table ids (Pradeep et al. 2023, Tables 2-3; `STUDY_ROWS`), optionally with variants:
 `2a+unconstrained` evaluates without the docid trie (`VARIANTS`). A row whose mixture is not registered for a
@@ -42,10 +42,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
+from gr_jax import entry_point
 from gr_jax import gin_utils
 from gr_jax.data import d2q
 from gr_jax.data.readers import open_dataset
-from tools.doc2query import default_dataset_name
+from gr_jax.tools.doc2query import default_dataset_name
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +89,7 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     # PAWA reads 2D semantic ids: use it with the semantic2d scheme.
     Variant("pawa", "PAWA decoder", gin_files=("decoders/pawa.gin",)),
     Variant("atomic", "atomic docid head", gin_files=("decoders/atomic.gin",)),
-    Variant("consistency", "consistency loss", bindings=("network.T5Config.consistency_weight = 0.15",)),  # NCI's
+    Variant("consistency", "consistency loss", gin_files=("losses/consistency.gin",)),  # NCI's, weight 0.15
 )}
 # Docid schemes whose cells need a decoder gin: the study's atomic ids have their own output head.
 SCHEME_GIN_FILES: dict[str, tuple[str, ...]] = {"atomic": ("decoders/atomic.gin",)}
@@ -179,10 +180,11 @@ def failure_reason(log_path: pathlib.Path, returncode: int) -> str:
 def registered_rows(*, data_dir: pathlib.Path, scheme: str) -> set[str]:
     """Mixture row names that `tasks.register_dataset` registers for `data_dir` and `scheme` (a dry run in this
     process under a throwaway name). Raises what registration raises (unknown scheme, missing prebuilt ids...)."""
-    import tasks
+    from gr_jax import tasks
     name = "run_study_preflight"
     # Row availability does not depend on lengths; a generous target length only skips the fit check.
-    names = tasks.register_dataset(name=name, data_dir=data_dir, docid_scheme=scheme, target_length=1024)
+    space = tasks.load_docid_space(data_dir=data_dir, docid_scheme=scheme, target_length=1024)
+    names = tasks.register_dataset(name=name, data_dir=data_dir, docid_space=space, target_length=1024)
     try:
         return {row for row in tasks.MIXTURE_ROWS
                 if tasks.mixture_name(name=name, row=row, docid_scheme=scheme) in names}
@@ -267,7 +269,7 @@ class Study:
         bindings = [f"DATA_DIR = {str(cell.dataset.data_dir)!r}", f"DATASET_NAME = {cell.dataset.name!r}",
                     f"MODEL_DIR = {str(self.cell_dir(cell).resolve())!r}", f"TRAIN_STEPS = {self.steps}",
                     f"MIXTURE_ROW = {cell.row.row.mixture_row!r}", f"DOCID_SCHEME = {cell.scheme!r}",
-                    f"training.DatasetConfig.eval_split = {self.split!r}",
+                    f"experiment.DatasetConfig.eval_split = {self.split!r}",
                     *(b for v in cell.row.variants for b in v.bindings), *self.bindings]
         return [self.python, "-m", "gr_jax.train", *(f"--gin_file={f}" for f in gin_files),
                 *(f"--gin_bindings={b}" for b in bindings)]
@@ -290,7 +292,7 @@ class Study:
                 results[system] = saved
                 continue
             log = out / f"{system}.log"
-            argv = [self.python, "-m", "tools.bm25", "--data_dir", str(dataset.data_dir), "--split", self.split,
+            argv = [self.python, "-m", "gr_jax.tools.bm25", "--data_dir", str(dataset.data_dir), "--split", self.split,
                     "--run_file", str(out / f"{system}.{self.split}.trec"),
                     *(["--d2q_file", str(expansion)] if expansion is not None else [])]
             start = time.perf_counter()
@@ -306,7 +308,8 @@ class Study:
             results[system] = result
         if "bm25_d2q" not in systems:
             results["bm25_d2q"] = {"label": "BM25 w/ doc2query-T5", "status": "skipped",
-                                   "reason": f"no {d2q_file} (python -m tools.doc2query train/generate makes one)"}
+                                   "reason": f"no {d2q_file} (python -m gr_jax.tools.doc2query train/generate "
+                                             "makes one)"}
         return results
 
     # --- Cells ---
@@ -524,7 +527,7 @@ def _split_list(value: str) -> list[str]:
 
 def main(argv: Optional[Sequence[str]] = None, *, runner: CommandRunner = run_logged,
          preflight: Preflight = registered_rows) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(prog="python -m tools.run_study", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m gr_jax.tools.run_study", description=__doc__.split("\n\n")[0])
     parser.add_argument("--data_dir", action="append", required=True,
                         help="a data dir (MS MARCO or BEIR layout, with spm.model); repeat for nested corpora")
     parser.add_argument("--rows", required=True, help=f"comma-separated row ids {sorted(STUDY_ROWS)}, "
@@ -548,7 +551,7 @@ def main(argv: Optional[Sequence[str]] = None, *, runner: CommandRunner = run_lo
     if len(set(names)) != len(names):
         parser.error(f"data dirs must have distinct folder names (they name the tasks): {names}")
     datasets = [Dataset(name=name, data_dir=pathlib.Path(d).resolve()) for name, d in zip(names, args.data_dir)]
-    gin_utils.setup_logging()
+    entry_point.setup()
     study = Study(datasets=datasets, rows=rows, schemes=_split_list(args.schemes), size=args.size, steps=args.steps,
                   out_dir=pathlib.Path(args.out_dir), gin_files=[str(pathlib.Path(f).resolve())
                                                                  if pathlib.Path(f).is_file() else f

@@ -1,12 +1,12 @@
 """Builds a dataset's semantic (DSI) or 2D semantic (NCI) docid table from all-MiniLM-L6-v2 embeddings.
 
-    python -m tools.semantic_ids --data_dir DIR [--scheme semantic|semantic2d|atomic] [--k 10] [--c 100]
+    python -m gr_jax.tools.semantic_ids --data_dir DIR [--scheme semantic|semantic2d|atomic] [--k 10] [--c 100]
                                  [--seed 0] [--nredo 1] [--embeddings FILE | --no_embeddings_cache]
 
 Streams the collection through the encoder (batched, progress bar with documents/s) into
 `DIR/embeddings.minilm.npy` (reused by later runs while it is newer than the collection: embedding is
 the costly step), clusters it (`gr_jax.semantic_ids.build_semantic_ids`), writes `DIR/docids.{scheme}.tsv`
-(`DocidTable.save`, the cache that `tasks.docid_tables` reads) and prints one JSON line: the table's
+(`DocidTable.save`, the table file that `gr_jax.docids.load_docid_table` reads) and prints one JSON line: the table's
 size, the vocabulary size the model needs, timings and the tree's balance diagnostics.
 """
 from __future__ import annotations
@@ -17,23 +17,25 @@ import time
 from collections.abc import Sequence
 
 from gr_jax import semantic_ids
-from gr_jax.cli import run_tool
 from gr_jax.data.readers import open_dataset
+from gr_jax.docids import docid_table_path, get_scheme
+from gr_jax.docids.schemes.atomic import atomic_docid_table
 from gr_jax.encoders import Encoder
+from gr_jax.entry_point import run_tool
 from gr_jax.vocabulary import load_vocabulary
 
 EMBEDDINGS_FILENAME = "embeddings.minilm.npy"
+# The schemes this tool writes: the k-means ones, and atomic ids (also built by any run that needs them).
+SCHEMES = ("semantic", "semantic2d", "atomic")
 
 
-def build(*, data_dir: str | pathlib.Path, scheme: semantic_ids.Scheme, k: int, c: int, seed: int, nredo: int = 1,
+def build(*, data_dir: str | pathlib.Path, scheme: str, k: int, c: int, seed: int, nredo: int = 1,
           embeddings_path: str | pathlib.Path | None, batch_size: int, encoder_batch_size: int = 128,
           show_progress: bool = False, encoder: Encoder | None = None) -> dict:
     """Builds and writes `data_dir/docids.{scheme}.tsv`; returns the JSON report.
 
     encoder: any `list[str] -> float32[n, dim]` (default: all-MiniLM-L6-v2 with `encoder_batch_size`).
     """
-    from tasks.docid_tables import docid_cache_path  # Imports seqio: after argument parsing.
-
     dataset = open_dataset(data_dir)
     vocabulary = load_vocabulary(dataset.data_dir)
     report: dict = {"data_dir": str(dataset.data_dir), "scheme": scheme}
@@ -56,8 +58,11 @@ def build(*, data_dir: str | pathlib.Path, scheme: semantic_ids.Scheme, k: int, 
                       embeddings_cached=embedded.cached, embed_s=round(embedded.seconds, 2),
                       embed_documents_per_s=embedded.documents_per_s and round(embedded.documents_per_s, 1),
                       cluster_s=round(time.perf_counter() - start, 2), k=k, c=c, seed=seed, nredo=nredo)
-    extended = semantic_ids.scheme_docid_table(scheme=scheme, docids=docids, vocabulary=vocabulary, ids=ids)
-    path = docid_cache_path(dataset.data_dir, scheme)
+    if ids is None:
+        extended = atomic_docid_table(docids=docids, vocab_size=vocabulary.vocab_size)
+    else:
+        extended = get_scheme(scheme).from_semantic_ids(docids=docids, ids=ids, vocabulary=vocabulary)
+    path = docid_table_path(dataset.data_dir, scheme)
     extended.table.save(path)
     report.update(docid_table=str(path), num_docids=len(extended.table), max_length=extended.table.max_length,
                   vocab_size=extended.vocab_size, num_extra_tokens=extended.num_extra_tokens,
@@ -68,9 +73,9 @@ def build(*, data_dir: str | pathlib.Path, scheme: semantic_ids.Scheme, k: int, 
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m tools.semantic_ids", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m gr_jax.tools.semantic_ids", description=__doc__.split("\n\n")[0])
     parser.add_argument("--data_dir", required=True, help="dataset directory (gr_jax.data.readers) with spm.model")
-    parser.add_argument("--scheme", choices=semantic_ids.SCHEMES, default="semantic",
+    parser.add_argument("--scheme", choices=SCHEMES, default="semantic",
                         help="semantic: digit pieces of the vocabulary (DSI); semantic2d: NCI's position-aware "
                              "tokens appended after the vocabulary; atomic: one new token per document")
     parser.add_argument("--k", type=int, default=10, help="clusters per level (default: 10)")

@@ -13,7 +13,7 @@ ones, have no training query, disjoint from dev, for choosing a step or hyperpar
 The output directory has the official MS MARCO layout (collection.tsv, queries.{train,dev,valid}.tsv,
 qrels.{train,dev,valid}.tsv) read by `gr_jax.data.readers.open_dataset`, plus summary.json.
 
-    python -m tools.wordnet --out_dir data/wordnet_food --lexfiles noun.food [--wordnet_dir /usr/share/wordnet]
+    python -m gr_jax.tools.wordnet --out_dir data/wordnet_food --lexfiles noun.food [--wordnet_dir /usr/share/wordnet]
         [--coverage 1.0] [--dev_fraction 0.2] [--seed 0]
 
 The WordNet dict files come from Debian's `wordnet-base` (/usr/share/wordnet) or any WordNet 3.0 dict dir,
@@ -33,7 +33,7 @@ import re
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 
-from gr_jax.cli import run_tool
+from gr_jax.entry_point import run_tool
 from gr_jax.data.readers import DataFormatError, read_lines, write_tsv
 
 DEFAULT_WORDNET_DIR = "/usr/share/wordnet"
@@ -275,7 +275,7 @@ def _install_outputs(built: pathlib.Path, out_dir: pathlib.Path, *, overwrite: b
                               "pass --overwrite to replace it")
     if changed and (out_dir / "spm.model").exists():
         logger.warning("%s/spm.model was trained on the previous data: retrain it with "
-                       "`python -m tools.make_vocab --data_dir %s --overwrite`", out_dir, out_dir)
+                       "`python -m gr_jax.tools.make_vocab --data_dir %s --overwrite`", out_dir, out_dir)
     for name in OUTPUT_FILES:
         os.replace(built / name, out_dir / name)
 
@@ -363,7 +363,7 @@ def build_reverse_dictionary(
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m tools.wordnet", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m gr_jax.tools.wordnet", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out_dir", required=True, help="dataset directory to write (MS MARCO layout)")
     parser.add_argument("--lexfiles", nargs="+", required=True,
                         help=f"noun lexicographer files (noun.food noun.plant, or comma-separated) or {ALL_NOUNS!r}")

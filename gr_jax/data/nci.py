@@ -36,12 +36,11 @@ Quoting: files NCI wrote with pandas are read with CSV rules (quoted fields, dou
 with a raw '\\t'.join are split on tabs, so a question starting with '"' keeps its quotes. Any malformed row
 raises `DataFormatError` naming `path:line`.
 
-    python -m gr_jax.data.nci --nci_dir Data_process/NQ_dataset --out_dir data/nq100k [--dataset nq|trivia]
+    python -m gr_jax.tools.nci --nci_dir Data_process/NQ_dataset --out_dir data/nq100k [--dataset nq|trivia]
         [--corpus auto|content|title_abs] [--overwrite]
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import dataclasses
 import filecmp
@@ -51,7 +50,7 @@ import os
 import pathlib
 import re
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from typing import Literal
 
 from gr_jax.data.readers import DataFormatError, PathLike, read_lines, write_tsv
@@ -343,27 +342,3 @@ def convert_nci(
         (built / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
         _install_outputs(built, out_dir, overwrite=overwrite)
     return summary
-
-
-def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m gr_jax.data.nci", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--nci_dir", required=True,
-                        help="NCI's Data_process/NQ_dataset or Data_process/trivia_dataset directory")
-    parser.add_argument("--out_dir", required=True, help="dataset directory to write (MS MARCO layout)")
-    parser.add_argument("--dataset", choices=tuple(LAYOUTS), default=None, help="default: detected from the files")
-    parser.add_argument("--corpus", choices=("auto", "content", "title_abs"), default="auto",
-                        help="document file: the full-text content file (default when present) or the title file")
-    parser.add_argument("--overwrite", action="store_true", help="replace a different dataset in --out_dir")
-    return parser.parse_args(argv)
-
-
-def main(argv: Sequence[str] | None = None) -> dict:
-    from gr_jax.cli import run_tool
-    args = _parse_args(argv)
-    return run_tool(lambda: convert_nci(nci_dir=args.nci_dir, out_dir=args.out_dir, dataset=args.dataset,
-                                        corpus=args.corpus, overwrite=args.overwrite),
-                    report=lambda summary: {"out_dir": str(args.out_dir), **summary}, indent=2)
-
-
-if __name__ == "__main__":
-    main()

@@ -28,8 +28,10 @@ import json
 import logging
 import os
 import pathlib
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Container, Iterable, Iterator, Sequence
 from typing import Literal
+
+import numpy as np
 
 PathLike = str | os.PathLike
 
@@ -78,19 +80,26 @@ def read_lines(path: PathLike) -> Iterator[tuple[int, str]]:
 _lines = read_lines  # Former private name, still imported by some modules.
 
 
+def _id_text_tsv_line(line: str, *, path: PathLike, line_number: int, id_name: str,
+                      text_name: str) -> tuple[str, str]:
+    columns = line.split("\t")
+    if len(columns) != 2:
+        raise DataFormatError.at(
+            path, line_number,
+            f"expected 2 tab-separated columns ({id_name} \\t {text_name}), found {len(columns)}"
+            + (" (a tab inside the text is not allowed)" if len(columns) > 2 else ""))
+    item_id, text = columns
+    if not item_id.strip() or item_id != item_id.strip():
+        raise DataFormatError.at(path, line_number, f"empty or space-padded {id_name} {item_id!r}")
+    return item_id, text
+
+
 def _read_id_text_tsv(path: PathLike, *, id_name: str, text_name: str) -> Iterator[tuple[str, str]]:
     """Shared body of `read_collection` / `read_queries`: exactly two tab-separated columns, unique ids."""
     seen: set[str] = set()
     for line_number, line in read_lines(path):
-        columns = line.split("\t")
-        if len(columns) != 2:
-            raise DataFormatError.at(
-                path, line_number,
-                f"expected 2 tab-separated columns ({id_name} \\t {text_name}), found {len(columns)}"
-                + (" (a tab inside the text is not allowed)" if len(columns) > 2 else ""))
-        item_id, text = columns
-        if not item_id.strip() or item_id != item_id.strip():
-            raise DataFormatError.at(path, line_number, f"empty or space-padded {id_name} {item_id!r}")
+        item_id, text = _id_text_tsv_line(line, path=path, line_number=line_number, id_name=id_name,
+                                          text_name=text_name)
         if item_id in seen:
             raise DataFormatError.at(path, line_number, f"duplicate {id_name} {item_id!r}")
         seen.add(item_id)
@@ -142,17 +151,21 @@ def read_qrels(path: PathLike) -> dict[str, dict[str, int]]:
     return qrels
 
 
+def _jsonl_record(line: str, *, path: PathLike, line_number: int) -> dict:
+    if not line.strip():
+        raise DataFormatError.at(path, line_number, "empty line; expected one JSON object per line")
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise DataFormatError.at(path, line_number, f"invalid JSON ({e.msg} at column {e.colno})") from None
+    if not isinstance(record, dict):
+        raise DataFormatError.at(path, line_number, f"expected a JSON object, got {type(record).__name__}")
+    return record
+
+
 def _read_jsonl(path: PathLike) -> Iterator[tuple[int, dict]]:
     for line_number, line in read_lines(path):
-        if not line.strip():
-            raise DataFormatError.at(path, line_number, "empty line; expected one JSON object per line")
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataFormatError.at(path, line_number, f"invalid JSON ({e.msg} at column {e.colno})") from None
-        if not isinstance(record, dict):
-            raise DataFormatError.at(path, line_number, f"expected a JSON object, got {type(record).__name__}")
-        yield line_number, record
+        yield line_number, _jsonl_record(line, path=path, line_number=line_number)
 
 
 def _jsonl_string(record: dict, key: str, *, path: PathLike, line_number: int, required: bool) -> str:
@@ -166,20 +179,25 @@ def _jsonl_string(record: dict, key: str, *, path: PathLike, line_number: int, r
     return str(value)
 
 
+def _beir_id_text(record: dict, *, path: PathLike, line_number: int, with_title: bool) -> tuple[str, str]:
+    item_id = _jsonl_string(record, "_id", path=path, line_number=line_number, required=True)
+    if not item_id.strip():
+        raise DataFormatError.at(path, line_number, "empty '_id'")
+    text = _jsonl_string(record, "text", path=path, line_number=line_number, required=True)
+    if with_title:
+        title = _jsonl_string(record, "title", path=path, line_number=line_number, required=False)
+        if title:
+            text = f"{title} {text}"
+    return item_id, text
+
+
 def _read_beir_id_text(path: PathLike, *, with_title: bool) -> Iterator[tuple[str, str]]:
     seen: set[str] = set()
     for line_number, record in _read_jsonl(path):
-        item_id = _jsonl_string(record, "_id", path=path, line_number=line_number, required=True)
-        if not item_id.strip():
-            raise DataFormatError.at(path, line_number, "empty '_id'")
+        item_id, text = _beir_id_text(record, path=path, line_number=line_number, with_title=with_title)
         if item_id in seen:
             raise DataFormatError.at(path, line_number, f"duplicate '_id' {item_id!r}")
         seen.add(item_id)
-        text = _jsonl_string(record, "text", path=path, line_number=line_number, required=True)
-        if with_title:
-            title = _jsonl_string(record, "title", path=path, line_number=line_number, required=False)
-            if title:
-                text = f"{title} {text}"
         yield item_id, text
 
 
@@ -258,6 +276,14 @@ class RetrievalDataset:
         path = self._require(self.collection_path, "document collection")
         return read_collection(path) if self.layout == "msmarco" else read_beir_corpus(path)
 
+    def document(self, line_number: int, *, line: str) -> tuple[str, str]:
+        """`(docid, text)` of one line of the collection (1-based `line_number`, for messages)."""
+        path = self.collection_path
+        if self.layout == "msmarco":
+            return _id_text_tsv_line(line, path=path, line_number=line_number, id_name="pid", text_name="passage")
+        return _beir_id_text(_jsonl_record(line, path=path, line_number=line_number), path=path,
+                             line_number=line_number, with_title=True)
+
     def queries(self, split: str) -> Iterator[tuple[str, str]]:
         """Streams `(qid, text)` for the queries of `split`.
 
@@ -285,14 +311,16 @@ class RetrievalDataset:
         path = self._require(self._qrels_path(split), f"qrels of split {split!r}")
         return read_qrels(path) if self.layout == "msmarco" else read_beir_qrels(path)
 
-    def check_qrels(self, split: str, *, docids: Collection[str] | None = None) -> int:
-        """Counts the qrels of `split` naming documents not in `docids` (default: the collection's ids).
+    def check_qrels(self, split: str, *, docids: Container[str] | None = None,
+                    qids: Container[str] | None = None) -> int:
+        """Counts the judgements of `split` (of the queries in `qids`, default all) naming documents not in `docids`
+        (a set or any container; default: the collection's ids).
 
         Returns the count and logs `N qrels name unknown documents` when it is non-zero: such judgements
         can never be retrieved, so they cap recall; this is worth knowing but not worth failing for.
         """
-        known = set(docids) if docids is not None else {docid for docid, _ in self.collection()}
-        qrels = self.qrels(split)
+        known = docids if docids is not None else {docid for docid, _ in self.collection()}
+        qrels = {qid: judged for qid, judged in self.qrels(split).items() if qids is None or qid in qids}
         unknown = sum(1 for judged in qrels.values() for docid in judged if docid not in known)
         if unknown:
             total = sum(len(judged) for judged in qrels.values())
@@ -343,3 +371,42 @@ def write_tsv(path: PathLike, rows: Iterable[Sequence[str | int]]) -> int:
         tmp_name.unlink(missing_ok=True)
         raise
     return count
+
+
+class DocumentLookup:
+    """The texts of documents by position in the collection, without streaming it again for each lookup.
+
+    The first lookup records the byte offset of every line (one pass; int64 per document: 70 MB for MS MARCO's
+    8.8M passages); later lookups read only the wanted lines. For interactive search, where each query needs the
+    texts of ten documents.
+    """
+
+    def __init__(self, dataset: RetrievalDataset):
+        self.dataset = dataset
+        self._offsets: np.ndarray | None = None
+
+    def _line_offsets(self) -> np.ndarray:
+        if self._offsets is None:
+            path = self.dataset.collection_path
+            starts = [np.zeros(1, np.int64)]
+            position = 0
+            with open(path, "rb") as f:
+                while chunk := f.read(1 << 24):
+                    starts.append(np.flatnonzero(np.frombuffer(chunk, np.uint8) == 10).astype(np.int64) + position + 1)
+                    position += len(chunk)
+            offsets = np.concatenate(starts)
+            self._offsets = offsets[offsets < position]  # no line starts at the end of the file
+        return self._offsets
+
+    def texts(self, rows: Sequence[int]) -> list[tuple[str, str]]:
+        """`(docid, text)` of the documents at 0-based positions `rows` of the collection."""
+        offsets = self._line_offsets()
+        out = []
+        with open(self.dataset.collection_path, "rb") as f:
+            for row in rows:
+                if not 0 <= row < len(offsets):
+                    raise IndexError(f"document {row} of a collection of {len(offsets)} lines")
+                f.seek(int(offsets[row]))
+                line = f.readline().decode("utf-8").rstrip("\n").rstrip("\r")
+                out.append(self.dataset.document(int(row) + 1, line=line))
+        return out

@@ -1,11 +1,11 @@
 """Decoding benchmark: the docid constraint's cost with a model and alone, and the trie build at MS MARCO scale.
 
-python -m tools.bench.decode --part model [--models tiny small --schemes pids semantic
+python -m gr_jax.tools.bench.decode --part model [--models tiny small --schemes pids semantic
                                            --num-docids 10000 100000 1000000 8841823 --batch 16 64 --beams 10 40]
-python -m tools.bench.decode --part constraint [--num-docids 1000000 --vocab-size 2048 --docid-length 8
+python -m gr_jax.tools.bench.decode --part constraint [--num-docids 1000000 --vocab-size 2048 --docid-length 8
                                                 --batch 2 --beams 70 --sparse-fanout 30 --repeats 10
                                                 --model-output logits log_probs]
-python -m tools.bench.decode --part build [--num-docids 8841823 --vocab path/to/spm.model]
+python -m gr_jax.tools.bench.decode --part build [--num-docids 8841823 --vocab path/to/spm.model]
 
 `model` (part 1): random-init T5.1.1 models (dimensions from gin_configs/models/t5_1_1/{tiny,small}.gin, a
 32,128-token output layer as T5's) decode random 32-token queries, jitted, once with `trie=None` and once
@@ -23,7 +23,7 @@ as digit tokens and a 2-digit leaf position, as `gr_jax.semantic_ids.semantic_do
 
 `constraint` (part 2): random logits stand in for the model (a step_fn returning fixed random logits per
 position), so only the search and its constraint are timed. One jitted beam search uses our array trie
-(`gr_jax.trie`); the other is the research-code pattern inside the same jitted beam search: at every step
+(`gr_jax.docids.trie`); the other is the research-code pattern inside the same jitted beam search: at every step
 a `jax.pure_callback` runs HF's `PrefixConstrainedLogitsProcessor` on the host, which calls GENRE's
 `prefix_allowed_tokens_fn` (`trie.get(sent.tolist())` on a nested-dict trie) once per beam and turns the
 returned token lists into a [rows, vocab] mask added to the log-probs. Both are compiled first and timed
@@ -61,9 +61,10 @@ from flax.core import meta
 from gr_jax import gin_utils
 from gr_jax import network
 from gr_jax.decoding import beam_search
-from gr_jax.docids import DocidTable, naive_docid_table
+from gr_jax.docids import DocidTable
+from gr_jax.docids.schemes.naive import naive_docid_table
 from gr_jax.models import EncoderDecoderModel
-from gr_jax.trie import Trie
+from gr_jax.docids.trie import Trie
 from gr_jax.vocabulary import EOS_ID, PAD_ID, train_sentencepiece
 
 MSMARCO_PASSAGES = 8_841_823

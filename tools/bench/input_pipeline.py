@@ -1,12 +1,12 @@
 """Input-pipeline throughput next to the train step's, measured in one process: can the data keep up?
 
-    python -m tools.bench.input_pipeline --mixture msmarco_mini.firstp_daq_d2q_labeled.naive [--data_dir DIR]
+    python -m gr_jax.tools.bench.input_pipeline --mixture msmarco_mini.firstp_daq_d2q_labeled.naive [--data_dir DIR]
 
 `--mixture` is any registered name `{dataset}.{row or representation}.{scheme}` (`{dataset}.3b.naive` too); the
 dataset is registered from `--data_dir` (default `data/{dataset}`) with the given docid scheme. Prints one JSON
 line: the seqio pipeline's training examples/s (`gr_jax.data.pipeline.train_batches`, after warm-up batches
 that fill the shuffle buffers and the in-memory cache) and the T5.1.1-tiny train step's examples/s at the same
-batch and lengths (`tools.bench.train_step.run`), their ratio, and whether it reaches the target (5x: the
+batch and lengths (`gr_jax.tools.bench.train_step.run`), their ratio, and whether it reaches the target (5x: the
 pipeline must never be what training waits for, even with the host busy feeding several devices).
 
 A mixture with D2Q needs `{data_dir}/d2q.tsv` (or `--d2q_path`). Without one, `--fake_d2q_per_passage N`
@@ -28,11 +28,11 @@ from gr_jax.data import pipeline  # First: keeps TensorFlow off the accelerators
 import gin  # noqa: E402
 import seqio  # noqa: E402
 
-import tasks  # noqa: E402
+from gr_jax import tasks  # noqa: E402
 from gr_jax import gin_utils, network  # noqa: E402
 from gr_jax.data import d2q  # noqa: E402
 from gr_jax.data.readers import open_dataset, write_tsv  # noqa: E402
-from tools.bench import train_step  # noqa: E402
+from gr_jax.tools.bench import train_step  # noqa: E402
 
 TINY_GIN = "models/t5_1_1/tiny.gin"
 TARGET_RATIO = 5.0
@@ -87,7 +87,9 @@ def run(*, mixture: str, data_dir: str | None, d2q_path: str | None, fake_d2q_pe
             d2q_path = str(pathlib.Path(tmp) / "fake_d2q.tsv")
             passages = write_fake_d2q(data_dir=data_dir, path=pathlib.Path(d2q_path), per_passage=fake_d2q_per_passage)
             d2q_note = f"fake: {fake_d2q_per_passage} random word spans for each of {passages} passages"
-        tasks.register_dataset(name=dataset, data_dir=data_dir, docid_scheme=scheme, input_length=input_length,
+        space = tasks.load_docid_space(data_dir=data_dir, docid_scheme=scheme, input_length=input_length,
+                                       target_length=target_length)
+        tasks.register_dataset(name=dataset, data_dir=data_dir, docid_space=space, input_length=input_length,
                                target_length=target_length, d2q_path=d2q_path,
                                d2q_queries_per_passage=fake_d2q_per_passage or 10)
         if mixture not in set(seqio.MixtureRegistry.names()) | set(seqio.TaskRegistry.names()):
@@ -96,8 +98,8 @@ def run(*, mixture: str, data_dir: str | None, d2q_path: str | None, fake_d2q_pe
         data = pipeline_throughput(mixture=mixture, batch_size=batch_size, input_length=input_length,
                                    target_length=target_length, warmup_batches=warmup_batches, batches=batches)
     gin_utils.parse_gin(gin_files=[TINY_GIN], bindings=[])
-    vocab_size = tasks.docid_vocab_size(name=dataset, docid_scheme=scheme)
-    config = gin.get_configurable(network.T5Config)(dtype="float32", dropout_rate=0.1).with_vocab_size(vocab_size)
+    config = gin.get_configurable(network.T5Config)(dtype="float32", dropout_rate=0.1).with_vocab_size(
+        space.model_vocab_size)
     step = train_step.run(config=config, batch=batch_size, inputs=input_length, targets=target_length,
                           steps=train_steps, optimizer="adafactor", probe_size=512)
     train_examples_per_s = step["steps_per_s"] * batch_size

@@ -1,6 +1,6 @@
 """Semantic-id benchmark: hierarchical k-means ids for N random unit vectors (k=10, c=100 as in DSI/NCI).
 
-    python -m tools.bench.semantic_ids [--n 1000000 --dim 384 --k 10 --c 100 --seed 0]
+    python -m gr_jax.tools.bench.semantic_ids [--n 1000000 --dim 384 --k 10 --c 100 --seed 0]
 
 Random unit vectors have no cluster structure, so k-means works hardest and the tree is as deep and
 as evenly split as it gets for N. Only `build_semantic_ids` is timed (not the generation of the
@@ -53,7 +53,7 @@ def run(*, n: int, dim: int, k: int, c: int, seed: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m tools.bench.semantic_ids", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m gr_jax.tools.bench.semantic_ids", description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=1_000_000, help="number of documents (default: 1,000,000)")
     parser.add_argument("--dim", type=int, default=384, help="embedding width (default: 384, MiniLM's)")
     parser.add_argument("--k", type=int, default=10, help="clusters per level (default: 10)")

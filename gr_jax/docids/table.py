@@ -2,7 +2,7 @@
 
 Generative retrieval decodes a docid as a token sequence; a `DocidTable` fixes that sequence for every
 document (row `i` of `tokens` is docid `docids[i]`), so that training targets, the decoding trie
-(`gr_jax.trie.Trie.build(table.tokens, ...)`) and the mapping of decoded sequences back to docids all
+(`gr_jax.docids.trie.Trie.build(table.tokens, ...)`) and the mapping of decoded sequences back to docids all
 agree. Each row is the docid's tokens, then EOS, then PAD up to the table width `L`:
 
     docid "7301"  ->  [3, 10, 6, 4, 1, 0, 0]      (digit tokens, EOS=1, PAD=0)
@@ -12,8 +12,8 @@ trimmed, an EOS would make it a prefix of itself). Two docids with the same sequ
 (a collision would make the decoded document ambiguous), as are sequences longer than a model's target
 length (`check_fits`): nothing is silently truncated.
 
-The scheme that produces the sequences is separate from the table: `naive_docid_table` tokenises the
-corpus's own ids; other schemes (semantic, 2D, atomic) produce the same `DocidTable`.
+The scheme that produces the sequences is separate from the table (`gr_jax.docids.schemes`: naive, atomic,
+semantic, 2D semantic, each one module); every scheme produces the same `DocidTable`.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import functools
 import itertools
 import os
 import pathlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -30,10 +30,6 @@ from gr_jax.data.readers import DataFormatError, write_tsv
 from gr_jax.vocabulary import EOS_ID, PAD_ID
 
 PathLike = str | os.PathLike
-
-# Docids are encoded this many at a time (bounds the Python lists alive at once for 8.8M ids).
-_ENCODE_CHUNK = 65_536
-
 
 # Rows checked at a time, so that validating 8.8M docids needs tens of MB of temporaries, not GBs.
 _CHECK_CHUNK = 1 << 20
@@ -177,7 +173,7 @@ class DocidTable:
 
         `tokens` is a decoded sequence (EOS included, anything after it ignored, e.g. PAD); a sequence
         without EOS or not in the table gives None. The first call builds a dict over all docids (about
-        100 bytes each); on device, `gr_jax.trie.Trie.leaf_indices` maps whole batches of beams instead.
+        100 bytes each); on device, `gr_jax.docids.trie.Trie.leaf_indices` maps whole batches of beams instead.
         """
         tokens = np.asarray(tokens)
         if tokens.ndim != 1:
@@ -186,6 +182,52 @@ class DocidTable:
         if not eos.size:
             return None
         return self._index_by_sequence.get(tokens[:eos[0] + 1].astype(np.int32).tobytes())
+
+    def token_range(self) -> tuple[int, int]:
+        """[start, stop) of the content token ids (EOS and PAD aside): what an atomic or PAWA output layer covers.
+
+        Atomic: [vocab_size, vocab_size + N); semantic2d: the appended (position, value) tokens; naive and
+        semantic: the span of the digit pieces inside the vocabulary.
+        """
+        tokens = self.tokens[self.tokens > max(EOS_ID, PAD_ID)]
+        if not tokens.size:
+            raise ValueError("the docid table has no docid tokens (every row is only EOS)")
+        return int(tokens.min()), int(tokens.max()) + 1
+
+    def content_tokens(self) -> np.ndarray:
+        """int[k]: the distinct content token ids (PAD and EOS aside), sorted.
+
+        A scatter into a presence mask (O(N L), no sort of MS MARCO's 100M tokens).
+        """
+        present = np.zeros(max(int(self.tokens.max(initial=0)), PAD_ID, EOS_ID) + 1, bool)
+        present[self.tokens.ravel()] = True
+        present[[PAD_ID, EOS_ID]] = False
+        return np.flatnonzero(present)
+
+    @functools.cached_property
+    def _sorted_docids(self) -> tuple[np.ndarray, np.ndarray]:
+        """(docids as a sorted unicode array, their rows): built on the first `rows_of` (8.8M MS MARCO pids: ~300
+        MB and a few seconds, a third of a dict's memory)."""
+        names = np.asarray(self.docids, dtype=str)
+        order = np.argsort(names, kind="stable")
+        return names[order], order
+
+    def rows_of(self, docids: Sequence[str]) -> np.ndarray:
+        """int64[len(docids)]: the row of each docid, -1 for a docid not in the table."""
+        names, order = self._sorted_docids
+        wanted = np.asarray(list(docids), dtype=str)
+        if not wanted.size or not names.size:
+            return np.full(wanted.shape, -1, np.int64)
+        position = np.minimum(np.searchsorted(names, wanted), names.size - 1)
+        return np.where(names[position] == wanted, order[position], -1).astype(np.int64)
+
+    def __contains__(self, docid: object) -> bool:
+        return isinstance(docid, str) and self.rows_of([docid])[0] >= 0
+
+    def row_of(self, docid: str) -> int | None:
+        """The row of `docid`, or None when it is no docid of the table (see `rows_of`)."""
+        row = int(self.rows_of([docid])[0])
+        return None if row < 0 else row
 
     def lookup(self, tokens: Sequence[int] | np.ndarray) -> str | None:
         """The docid whose sequence is `tokens` (see `index_of`), or None if it is not a valid docid."""
@@ -243,10 +285,10 @@ def _pad_sequences(sequences: Sequence[Sequence[int]]) -> np.ndarray:
     """Right-pads token lists with PAD into int32[len(sequences), longest]."""
     lengths = np.fromiter(map(len, sequences), dtype=np.int64, count=len(sequences))
     flat = np.fromiter(itertools.chain.from_iterable(sequences), dtype=np.int32, count=int(lengths.sum()))
-    return _scatter_rows(flat, lengths, width=int(lengths.max(initial=0)))
+    return scatter_rows(flat, lengths, width=int(lengths.max(initial=0)))
 
 
-def _scatter_rows(flat: np.ndarray, lengths: np.ndarray, *, width: int) -> np.ndarray:
+def scatter_rows(flat: np.ndarray, lengths: np.ndarray, *, width: int) -> np.ndarray:
     """Concatenated rows `flat` with per-row `lengths` -> int32[len(lengths), width], PAD-filled.
 
     Column by column, so the temporaries are O(rows), not O(tokens) index arrays.
@@ -259,43 +301,27 @@ def _scatter_rows(flat: np.ndarray, lengths: np.ndarray, *, width: int) -> np.nd
     return out
 
 
-def naive_docid_table(
-    *,
-    docids: Iterable[str],
-    encode: Callable[[str], Sequence[int]] | Callable[[list[str]], Sequence[Sequence[int]]],
-    batched: bool = False,
-) -> DocidTable:
-    """Naive docids (DSI): each document's own id string, tokenised by the vocabulary, then EOS.
+@dataclasses.dataclass(frozen=True)
+class ExtendedDocidTable:
+    """A docid table whose content tokens are new ids appended after a vocabulary of `vocab_size` ids.
 
-    encode: str -> token ids, e.g. `seqio.SentencePieceVocabulary.encode`; with `batched=True`,
-      list[str] -> list of token-id sequences, e.g. `sentencepiece.SentencePieceProcessor.encode`,
-      which tokenises a whole chunk in C++ (one Python call per id costs ~3 us: ~30 s for 8.8M ids).
-    Ids are encoded in chunks into flat arrays and scattered into one preallocated matrix, so memory
-    stays close to the final int32[N, L] table. An id that encodes to nothing, or to PAD/EOS, is an error.
+    The model's embedding and output layers need `output_vocab_size = vocab_size + num_extra_tokens` rows;
+    docid tokens lie in [vocab_size, output_vocab_size) (EOS stays the vocabulary's).
     """
-    docids = tuple(docids)
-    flat_chunks: list[np.ndarray] = []
-    length_chunks: list[np.ndarray] = []
-    for start in range(0, len(docids), _ENCODE_CHUNK):
-        chunk = docids[start:start + _ENCODE_CHUNK]
-        encoded = encode(list(chunk)) if batched else [encode(d) for d in chunk]
-        if len(encoded) != len(chunk):
-            raise ValueError(f"batched encode returned {len(encoded)} sequences for {len(chunk)} docids")
-        lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(chunk))
-        flat = np.fromiter(itertools.chain.from_iterable(encoded), dtype=np.int64, count=int(lengths.sum()))
-        empty = np.flatnonzero(lengths == 0)
-        if empty.size:
-            raise ValueError(f"docid {chunk[empty[0]]!r} encodes to no tokens")
-        bad_token = (flat == PAD_ID) | (flat == EOS_ID) | (flat < 0) | (flat > np.iinfo(np.int32).max)
-        if bad_token.any():
-            i = int(np.searchsorted(np.cumsum(lengths), np.argmax(bad_token), side="right"))
-            raise ValueError(f"docid {chunk[i]!r} encodes to {list(encoded[i])}, which contains PAD ({PAD_ID}), "
-                             f"EOS ({EOS_ID}) or an id outside int32")
-        flat_chunks.append(flat.astype(np.int32))
-        length_chunks.append(lengths)
-    lengths = np.concatenate(length_chunks) if length_chunks else np.zeros(0, np.int64)
-    flat = np.concatenate(flat_chunks) if flat_chunks else np.zeros(0, np.int32)
-    del flat_chunks
-    tokens = _scatter_rows(flat, lengths, width=int(lengths.max(initial=0)) + 1)
-    tokens[np.arange(len(docids)), lengths] = EOS_ID
-    return DocidTable(docids=docids, tokens=tokens)
+
+    table: DocidTable
+    vocab_size: int
+    num_extra_tokens: int
+
+    @property
+    def output_vocab_size(self) -> int:
+        return self.vocab_size + self.num_extra_tokens
+
+
+def check_appended_vocab_size(vocab_size: int, num_extra_tokens: int) -> None:
+    """A vocabulary that docid tokens can be appended after: it holds PAD and EOS, and the total fits int32."""
+    if vocab_size <= max(PAD_ID, EOS_ID):
+        raise ValueError(f"vocab_size must be > {max(PAD_ID, EOS_ID)} (PAD and EOS are vocabulary ids), got "
+                         f"{vocab_size}")
+    if vocab_size + num_extra_tokens > np.iinfo(np.int32).max:
+        raise ValueError(f"vocab_size {vocab_size} + {num_extra_tokens} docid tokens does not fit in int32")

@@ -44,7 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gr_jax.docids import first_row_problem, sequence_lengths
+from gr_jax.docids.table import first_row_problem, sequence_lengths
 from gr_jax.vocabulary import EOS_ID, PAD_ID
 
 DEAD_STATE = 0

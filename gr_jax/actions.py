@@ -1,0 +1,276 @@
+"""Periodic actions of the training loop, as t5x's `EarlyStoppingAction` / `TerminateOnNanAction` and clu's
+`periodic_actions`: the loop (`gr_jax.training.training_loop`) only steps the trainer and calls them.
+
+After a step, the loop *reports* when an action with its own period is due, at every `report_every_steps`-th step
+and at the last step: it fetches the training metrics accumulated since the previous report (one device transfer)
+and calls, in list order, every action that is due. An action's `every_steps` is its period; None means "at every
+report" (the non-finite loss guard, the metric writer). An action returns True to stop training after this step
+(early stopping); `start` may stop a run before its first step (a resumed run that already stopped), and `end` runs
+once after the loop (the final evaluation, the save of a state where training stopped).
+
+New objectives and evaluations (a contrastive loss's metrics, CGL evaluation, SToICaL's ranking metrics) are new
+`Action`s passed to `training.train(actions=...)` (gin: `training.train.actions = [@MyAction()]`): the loop is
+never edited.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import pathlib
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Optional
+
+from gr_jax import checkpoints
+from gr_jax.evaluation import write_trec_run
+from gr_jax.evaluator import RetrievalEvaluator
+
+if TYPE_CHECKING:
+    from gr_jax.experiment import Built
+    from gr_jax.metric_writers import MetricWriter
+    from gr_jax.retrievers.generative import GenerativeRetriever
+    from gr_jax.trainer import TrainState
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class TrainingRun:
+    """What a training run's actions share, set up once before the first step.
+
+    report: the run's final metrics (written to `model_dir/final_metrics.json`), which actions extend.
+    reported_params: (step, params) that the final evaluation ranks with, when an action chose them (model
+      selection's best state); None means the last state.
+    """
+    built: Built
+    model_dir: pathlib.Path
+    writer: MetricWriter
+    start_step: int
+    start_batch: int
+    seed: int
+    retriever: Optional[GenerativeRetriever] = None
+    report: dict[str, float] = dataclasses.field(default_factory=dict)
+    reported_params: Optional[tuple[int, Any]] = None
+
+    def input_state(self, step: int) -> dict:
+        """The input position of `step`, saved with its checkpoint (exact resume)."""
+        return {"batches_consumed": self.start_batch + (step - self.start_step), "seed": self.seed}
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingProgress:
+    """The loop at a report: the step just taken, the state after it, the training metrics since the previous
+    report (`gr_jax.trainer.summarize_metrics`, plus steps_per_second and tokens_per_second), and whether
+    it is the last step of the run."""
+    step: int
+    state: TrainState
+    summary: Mapping[str, float]
+    last: bool
+
+
+class Action:
+    """A periodic action (see the module docstring)."""
+
+    every_steps: Optional[int] = None
+
+    def due(self, step: int, *, last: bool) -> bool:
+        return self.every_steps is None or last or (self.every_steps > 0 and step % self.every_steps == 0)
+
+    def start(self, run: TrainingRun) -> bool:
+        """Called once before the first step; returns True when the run has nothing left to train."""
+        del run
+        return False
+
+    def __call__(self, run: TrainingRun, progress: TrainingProgress) -> bool:
+        """Acts at a due step; returns True to stop training after it."""
+        raise NotImplementedError
+
+    def end(self, run: TrainingRun, progress: TrainingProgress) -> None:
+        """Called once after the loop, with the last step (also when an action stopped training early)."""
+        del run, progress
+
+
+class NonFiniteLossError(FloatingPointError):
+    """A training metric became NaN/inf; nothing after the last good checkpoint was saved."""
+
+
+class StopOnNonFiniteLoss(Action):
+    """Ends training with `NonFiniteLossError` as soon as a reported metric is NaN or inf. It runs first at every
+    report, so no later action (a checkpoint save) ever sees a state whose loss went non-finite."""
+
+    def __call__(self, run, progress):
+        if not all(math.isfinite(v) for v in progress.summary.values()):
+            raise NonFiniteLossError(
+                f"non-finite training metrics at step {progress.step}: {dict(progress.summary)}. Training stopped; "
+                f"the last good checkpoint (step {run.built.checkpointer.latest_step()}) is kept in "
+                f"{run.built.checkpointer.directory}.")
+        return False
+
+
+class WriteTrainMetrics(Action):
+    """Writes the reported training metrics as `train/*` scalars (TensorBoard and the log) and keeps the last
+    ones in the run's report."""
+
+    def __call__(self, run, progress):
+        if progress.summary:
+            scalars = {f"train/{k}": v for k, v in progress.summary.items()}
+            run.writer.write_scalars(progress.step, scalars)
+            run.report.update(scalars)
+        return False
+
+
+class SaveCheckpoint(Action):
+    """Saves the state and its input position every `every_steps` steps, at the last step, and where training
+    stopped early (a checkpoint is never written twice for one step)."""
+
+    def __init__(self, *, every_steps: int):
+        if every_steps < 1:
+            raise ValueError(f"checkpoint every_steps must be >= 1, got {every_steps}")
+        self.every_steps = every_steps
+
+    def __call__(self, run, progress):
+        run.built.checkpointer.save(progress.step, state=progress.state, input_state=run.input_state(progress.step))
+        return False
+
+    def end(self, run, progress):
+        run.built.checkpointer.save(progress.step, state=progress.state, input_state=run.input_state(progress.step),
+                                    force=True)
+        run.built.checkpointer.wait_until_finished()
+
+
+def evaluate_retrieval(run: TrainingRun, *, evaluator: RetrievalEvaluator, split: str, step: int, params: Any,
+                       prefix: str) -> dict[str, float]:
+    """Ranks the split with `params`; writes `{prefix}/*` scalars and `run.{split}.{step}.trec`; returns the metrics."""
+    metrics, ranked = evaluator.evaluate(run.retriever.with_params(params))
+    run.writer.write_scalars(step, {f"{prefix}/{k}": v for k, v in metrics.items()})
+    write_trec_run(run.model_dir / f"run.{split}.{step}.trec", ranked, tag=f"gr_jax-{step}")
+    logger.info("step %d %s: %s", step, prefix, metrics)
+    return metrics
+
+
+class EvaluateRetrieval(Action):
+    """Ranks the eval split every `every_steps` steps (0: only at the end) and, once training ends, with the
+    final state (or the one `run.reported_params` names), whose metrics are the run's `eval/*` report."""
+
+    def __init__(self, *, evaluator: RetrievalEvaluator, split: str, every_steps: int = 0):
+        self.evaluator = evaluator
+        self.split = split
+        self.every_steps = every_steps
+
+    def due(self, step, *, last):
+        return self.every_steps > 0 and step % self.every_steps == 0 and not last  # the last: `end`
+
+    def __call__(self, run, progress):
+        metrics = evaluate_retrieval(run, evaluator=self.evaluator, split=self.split, step=progress.step,
+                                     params=progress.state.params, prefix="eval")
+        run.report.update({f"eval/{k}": v for k, v in metrics.items()})
+        return False
+
+    def end(self, run, progress):
+        step, params = run.reported_params or (progress.step, progress.state.params)
+        metrics = evaluate_retrieval(run, evaluator=self.evaluator, split=self.split, step=step, params=params,
+                                     prefix="eval")
+        run.report.update({f"eval/{k}": v for k, v in metrics.items()})
+
+
+@dataclasses.dataclass
+class ModelSelection:
+    """Model selection's record, kept in `model_dir/selection.json` so that a resumed run goes on with it.
+
+    history: (step, value of `metric` on `split`) per selection evaluation; best_step / best_value: the
+    state kept in `model_dir/best/`; patience: evaluations without improvement that stop training (None: never).
+    """
+    path: pathlib.Path
+    split: str
+    metric: str
+    patience: Optional[int] = None
+    history: list[tuple[int, float]] = dataclasses.field(default_factory=list)
+    best_step: Optional[int] = None
+    best_value: float = -math.inf
+
+    @classmethod
+    def load(cls, path: pathlib.Path, *, split: str, metric: str, resumed_step: int,
+             patience: Optional[int] = None) -> ModelSelection:
+        """A fresh record, or the saved one with the evaluations after `resumed_step` (the checkpoint the run
+        resumes from) dropped, since the run will redo them; the best state on disk stays the best."""
+        if not path.exists():
+            return cls(path=path, split=split, metric=metric, patience=patience)
+        saved = json.loads(path.read_text())
+        if (saved["split"], saved["metric"]) != (split, metric):
+            raise ValueError(f"{path} selects on {saved['metric']} of split {saved['split']!r}, this run on "
+                             f"{metric} of {split!r}: use a new model_dir, or delete {path} and {path.parent}/best")
+        history = [(int(step), float(value)) for step, value in saved["history"] if step <= resumed_step]
+        best_step = saved["best_step"]
+        return cls(path=path, split=split, metric=metric, patience=patience, history=history, best_step=best_step,
+                   best_value=-math.inf if best_step is None else float(saved["best_value"]))
+
+    @property
+    def evaluations_since_best(self) -> int:
+        return sum(step > (self.best_step or 0) for step, _ in self.history)
+
+    @property
+    def stopped(self) -> bool:
+        """Patience ran out: training ends (and a resumed run, whose history is the same, stays ended)."""
+        return self.patience is not None and self.evaluations_since_best >= self.patience
+
+    def record(self, step: int, value: float) -> bool:
+        """Adds an evaluation; returns whether it is a new best (ties keep the earlier state)."""
+        self.history.append((step, value))
+        improved = value > self.best_value
+        if improved:
+            self.best_step, self.best_value = step, value
+        return improved
+
+    def save(self) -> None:
+        self.path.write_text(json.dumps({"split": self.split, "metric": self.metric, "best_step": self.best_step,
+                                         "best_value": self.best_value, "stopped": self.stopped,
+                                         "history": self.history}, indent=1))
+
+
+class SelectModel(Action):
+    """Model selection and early stopping on a held-out split: every `every_steps` steps and at the last step the
+    state ranks `evaluator`'s split; the best by `metric` is kept in `model_dir/best/`; training stops after
+    `patience` evaluations without improvement; and the final evaluation ranks with the best state."""
+
+    def __init__(self, *, evaluator: RetrievalEvaluator, split: str, metric: str, every_steps: int,
+                 patience: Optional[int] = None):
+        if every_steps < 1:
+            raise ValueError(f"model selection needs periodic evaluation (every_steps > 0), got {every_steps}")
+        self.evaluator = evaluator
+        self.split = split
+        self.metric = metric
+        self.every_steps = every_steps
+        self.patience = patience
+        self.selection: Optional[ModelSelection] = None
+        self.best: Optional[checkpoints.Checkpointer] = None
+
+    def start(self, run):
+        self.selection = ModelSelection.load(run.model_dir / "selection.json", split=self.split, metric=self.metric,
+                                             resumed_step=run.start_step, patience=self.patience)
+        self.best = checkpoints.Checkpointer(run.model_dir / "best", max_to_keep=1, asynchronous=False)
+        return self.selection.stopped
+
+    def __call__(self, run, progress):
+        metrics = evaluate_retrieval(run, evaluator=self.evaluator, split=self.split, step=progress.step,
+                                     params=progress.state.params, prefix="select")
+        if self.metric not in metrics:
+            raise KeyError(f"select_metric {self.metric!r} is not an evaluation metric: {sorted(metrics)}")
+        if self.selection.record(progress.step, metrics[self.metric]):
+            self.best.save(progress.step, state=progress.state, input_state={"selected_on": self.split}, force=True)
+        self.selection.save()
+        if self.selection.stopped:
+            logger.info("early stop at step %d: no better %s on %s for %d evaluations (best: step %d)", progress.step,
+                        self.metric, self.split, self.patience, self.selection.best_step)
+        return self.selection.stopped
+
+    def end(self, run, progress):
+        selection = self.selection
+        if selection.best_step is None:
+            return
+        params = self.best.restore_params(selection.best_step,
+                                          abstract_params=run.built.trainer.abstract_state.params)
+        run.reported_params = (selection.best_step, params)
+        run.report.update({"select/best_step": selection.best_step,
+                           f"select/best_{selection.metric}": selection.best_value,
+                           "select/stopped_at": progress.step})

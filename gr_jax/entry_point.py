@@ -1,0 +1,102 @@
+"""What every entry point and tool does around its work: a quiet start-up, console logging, and bad input ending
+in one clear line.
+
+* TensorFlow (seqio's pipelines) prints C++ start-up lines when it is first imported (absl's "before
+  InitializeLog", oneDNN, the CUDA stub on CPU hosts) that `TF_CPP_MIN_LOG_LEVEL` does not silence. `setup` imports
+  it with the process's stderr captured, drops those known lines and replays anything else, so a real problem
+  still shows. It also keeps TensorFlow off the accelerators, which belong to JAX.
+* Bad input (a missing file, an existing output, a malformed line, a setting that cannot work) ends the program
+  with `error: <message>` (the message names the file and line where there is one) and exit status 1, not a
+  traceback. Set GR_JAX_TRACEBACK=1 to see the traceback instead.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+# Errors that mean the input is wrong, not the program (DataFormatError is a ValueError).
+BAD_INPUT = (FileNotFoundError, FileExistsError, ValueError)
+
+_STARTUP_NOISE = re.compile(
+    r"WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
+    r"|I\d{4} [\d:. ]+\d+ (port\.cc|cudart_stub\.cc|cpu_feature_guard\.cc):\d+\] .*"
+    r"|E\d{4} [\d:. ]+\d+ cuda_platform\.cc:\d+\] failed call to cuInit: .*")
+
+# gin appends this to every exception raised inside a configurable; it names a function object, not the input.
+_GIN_CALL_CONTEXT = re.compile(r"\n\s+In call to configurable '[^']*' \(<[^>]*>\)")
+
+T = TypeVar("T")
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """Captures file descriptor 2 (C++ writes there directly); replays every line but the known start-up noise."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            kept = [line for line in captured.read().decode("utf-8", "replace").splitlines()
+                    if line.strip() and not _STARTUP_NOISE.fullmatch(line.strip())]
+            if kept:
+                print("\n".join(kept), file=sys.stderr, flush=True)
+
+
+class _DropSeqioCacheAdvice(logging.Filter):
+    """seqio advises caching every FunctionDataSource task offline before training, for shuffling on restarts. Our
+    tasks cache their examples in memory (`gr_jax.data.preprocessors.cache_in_memory`) and a resumed run restarts at
+    its exact input position (`gr_jax.data.pipeline`), so the advice does not apply; it is dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Using an uncached FunctionDataset for training is not recommended")
+
+
+def setup(*, log_format: str = "%(asctime)s %(levelname)s %(name)s: %(message)s") -> None:
+    """TensorFlow imported quietly and kept off the accelerators, then console logging at GR_JAX_LOG_LEVEL (default
+    INFO; e.g. WARNING for a demo that should show only progress bars and results). Call it first: before any
+    import that loads TensorFlow (seqio, `gr_jax.training`), whose start-up would otherwise print."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    if "tensorflow" not in sys.modules:
+        with _quiet_stderr():  # hiding GPUs initialises TensorFlow's CUDA platform, which prints too
+            try:
+                import tensorflow as tf
+                tf.config.set_visible_devices([], "GPU")
+            except ImportError:  # pragma: no cover - a tool that does not need TensorFlow
+                pass
+            except RuntimeError:  # pragma: no cover - devices already initialised
+                pass
+    # Before anything logs: a module-level `logging.warning` (absl's, seqio's) would otherwise configure the root
+    # logger with Python's defaults first, and this call would do nothing.
+    logging.basicConfig(level=os.environ.get("GR_JAX_LOG_LEVEL", "INFO").upper(), format=log_format)
+    logging.getLogger("absl").addFilter(_DropSeqioCacheAdvice())
+
+
+def run(body: Callable[[], T]) -> T:
+    """Runs an entry point's body, ending bad input (`BAD_INPUT`) with `error: <message>` and exit status 1."""
+    try:
+        return body()
+    except BAD_INPUT as e:
+        if os.environ.get("GR_JAX_TRACEBACK"):
+            raise
+        sys.exit(f"error: {_GIN_CALL_CONTEXT.sub('', str(e))}")
+
+
+def run_tool(build: Callable[[], dict], *, report: Callable[[dict], Any] = lambda summary: summary,
+             indent: int | None = None) -> dict:
+    """Body of a data-preparation tool's main: `setup`, `run(build)`, and the summary printed as one JSON line."""
+    setup(log_format="%(levelname)s %(name)s: %(message)s")
+    summary = run(build)
+    print(json.dumps(report(summary), indent=indent), flush=True)
+    return summary

@@ -1,0 +1,222 @@
+"""What a run is: its data, network, loss, optimizer, batch and mesh, and the live objects built from them.
+
+Train, eval, infer and search build the same `Experiment` from the same gin (training writes it to
+`model_dir/config.gin`), so their states and shardings agree. `Experiment.build()` reads the run's docid space once
+and hands that value to task registration, the model builder and the retriever.
+"""
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from collections.abc import Callable
+from typing import Any, Optional, Protocol
+
+import optax
+
+from gr_jax import checkpoints
+from gr_jax import losses
+from gr_jax import network
+from gr_jax import optimizers
+from gr_jax import partitioning
+from gr_jax.data.readers import open_dataset
+from gr_jax.docids import DocidSpace
+from gr_jax.evaluator import RetrievalEvaluator
+from gr_jax.models import EncoderDecoderModel
+from gr_jax.retrievers.generative import GenerativeRetriever
+from gr_jax.trainer import Trainer
+from gr_jax.vocabulary import MODEL_FILENAME, load_vocabulary
+
+class RunData(Protocol):
+    """What an Experiment trains on: a data dir, its seqio mixture and, for retrieval, its docid space."""
+
+    name: str
+    data_dir: str
+    input_length: int
+    target_length: int
+    eval_split: str
+    vocabulary_path: Optional[str]
+
+    def docid_space(self) -> Optional[DocidSpace]:
+        """The run's docids (read once per run), or None when the targets are no docids (doc2query)."""
+
+    def register(self, docid_space: Optional[DocidSpace]) -> list[str]:
+        """Registers the seqio tasks this data trains on; returns their names."""
+
+    @property
+    def mixture_name(self) -> str: ...
+
+
+def vocabulary_file(data: RunData) -> pathlib.Path:
+    """The SentencePiece model of the data: `vocabulary_path`, else `{data_dir}/spm.model`."""
+    return pathlib.Path(data.vocabulary_path or pathlib.Path(data.data_dir) / MODEL_FILENAME)
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetConfig:
+    """Retrieval data: which data dir, which study row (mixture) and which docid scheme to train on."""
+    name: str
+    data_dir: str
+    row: str = "firstp_labeled"
+    docid_scheme: str = "naive"
+    eval_split: str = "dev"
+    input_length: int = 64
+    target_length: int = 16
+    vocabulary_path: Optional[str] = None  # default {data_dir}/spm.model; a pretrained spiece.model works too
+    # Document representations (see gr_jax.tasks.register_dataset): DaQ chunks, D2Q synthetic queries.
+    daq_num_chunks: int = 10
+    daq_seed: int = 0
+    d2q_path: Optional[str] = None  # default {data_dir}/d2q.tsv when it exists
+    d2q_queries_per_passage: int = 10
+    d2q_selection: str = "first"
+    d2q_seed: int = 0
+
+    def docid_space(self) -> DocidSpace:
+        from gr_jax import tasks  # seqio and TensorFlow: only for runs that train on the tasks
+        return tasks.load_docid_space(data_dir=self.data_dir, docid_scheme=self.docid_scheme,
+                                      input_length=self.input_length, target_length=self.target_length,
+                                      vocabulary_path=self.vocabulary_path)
+
+    def register(self, docid_space: Optional[DocidSpace]) -> list[str]:
+        from gr_jax import tasks
+        return tasks.register_dataset(name=self.name, data_dir=self.data_dir, docid_space=docid_space,
+                                      input_length=self.input_length, target_length=self.target_length,
+                                      vocabulary_path=self.vocabulary_path, daq_num_chunks=self.daq_num_chunks,
+                                      daq_seed=self.daq_seed, d2q_path=self.d2q_path,
+                                      d2q_queries_per_passage=self.d2q_queries_per_passage,
+                                      d2q_selection=self.d2q_selection, d2q_seed=self.d2q_seed, rows=(self.row,))
+
+    @property
+    def mixture_name(self) -> str:
+        from gr_jax import tasks
+        return tasks.mixture_name(name=self.name, row=self.row, docid_scheme=self.docid_scheme)
+
+
+@dataclasses.dataclass(frozen=True)
+class Doc2QueryData:
+    """doc2query data: a document -> one of its labeled queries (the task `{name}.doc2query`,
+    `gr_jax.tasks.doc2query`). The targets are query text, not docids: the run has no docid space, and its
+    retrieval evaluation must be off (`training.EvalConfig.every_steps = -1`, set by experiments/doc2query.gin)."""
+    name: str
+    data_dir: str
+    input_length: int = 64
+    target_length: int = 32
+    eval_split: str = "dev"
+    vocabulary_path: Optional[str] = None
+
+    def docid_space(self) -> None:
+        return None
+
+    def register(self, docid_space: Optional[DocidSpace]) -> list[str]:
+        del docid_space
+        from gr_jax.tasks import doc2query
+        return [doc2query.register_doc2query(name=self.name, data_dir=self.data_dir, input_length=self.input_length,
+                                             target_length=self.target_length, vocabulary_path=self.vocabulary_path)]
+
+    @property
+    def mixture_name(self) -> str:
+        from gr_jax.tasks import doc2query
+        return doc2query.doc2query_task_name(name=self.name)
+
+
+def build_model(*, config: network.T5Config, model_vocab_size: int, loss: losses.Loss = losses.TokenCrossEntropy(),
+                docid_token_range: Optional[tuple[int, int]] = None) -> EncoderDecoderModel:
+    """The model of a run: its vocabulary sized to `model_vocab_size` ids (rounded up to a multiple of 128) unless gin
+    fixed it, in which case a too-small size is an error; and its head given the docid token range [start, stop)
+    (`DocidSpace.docid_token_range`) where it needs one and gin left it unset."""
+    config = config.head.with_docid_range(config, docid_token_range)
+    if config.vocab_size is None:
+        config = config.with_vocab_size(model_vocab_size)
+    elif config.vocab_size < model_vocab_size:
+        raise ValueError(f"T5Config.vocab_size={config.vocab_size} is smaller than the {model_vocab_size} token ids "
+                         f"the vocabulary and docids need")
+    return EncoderDecoderModel(config=config, loss=loss)
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+    """What a run is (see the module docstring)."""
+    model_dir: str
+    dataset: RunData
+    network_config: network.T5Config
+    learning_rate: optax.Schedule
+    optimizer_factory: Callable[..., optax.GradientTransformation] = optimizers.make_optimizer
+    loss: losses.Loss = losses.TokenCrossEntropy()
+    batch_size: int = 32
+    num_microbatches: int = 1
+    seed: int = 0
+    mesh_data: int = -1
+    mesh_model: int = 1
+    # A Hugging Face T5.1.1 dir (config.json + safetensors), as the study, or a gr_jax model dir (e.g. continued
+    # span-corruption pretraining on the corpus, see gr_jax.warm_start): the run's parameters start from it.
+    init_checkpoint: Optional[str] = None
+
+    def build(self, *, keep_checkpoints: int = 3) -> Built:
+        """Reads the vocabulary and docid space, registers the tasks, builds model, mesh and trainer (no
+        parameter is allocated)."""
+        vocabulary = load_vocabulary(vocabulary_file(self.dataset))
+        docid_space = self.dataset.docid_space()
+        self.dataset.register(docid_space)
+        model = build_model(config=self.network_config, loss=self.loss,
+                            model_vocab_size=docid_space.model_vocab_size if docid_space else vocabulary.vocab_size,
+                            docid_token_range=docid_space.docid_token_range if docid_space else None)
+        mesh = partitioning.make_mesh(data=self.mesh_data, model=self.mesh_model)
+        trainer = Trainer(model=model, optimizer=self.optimizer_factory(learning_rate=self.learning_rate),
+                          mesh=mesh, input_length=self.dataset.input_length,
+                          target_length=self.dataset.target_length, batch_size=self.batch_size,
+                          num_microbatches=self.num_microbatches, learning_rate_fn=self.learning_rate)
+        checkpointer = checkpoints.Checkpointer(pathlib.Path(self.model_dir) / "checkpoints",
+                                                max_to_keep=keep_checkpoints)
+        return Built(experiment=self, vocabulary=vocabulary, docid_space=docid_space, model=model, mesh=mesh,
+                     trainer=trainer, checkpointer=checkpointer)
+
+
+@dataclasses.dataclass
+class Built:
+    """An Experiment's live objects."""
+    experiment: Experiment
+    vocabulary: Any
+    docid_space: Optional[DocidSpace]
+    model: EncoderDecoderModel
+    mesh: Any
+    trainer: Trainer
+    checkpointer: checkpoints.Checkpointer
+
+    def restore(self, step: Optional[int] = None):
+        """(state, input_state) of `step` (default: latest); a clear error when there is no checkpoint."""
+        step = self.checkpointer.latest_step() if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"no checkpoint in {self.checkpointer.directory}: train first "
+                                    f"(python -m gr_jax.train ... --gin.MODEL_DIR={self.experiment.model_dir})")
+        return self.checkpointer.restore(step, abstract_state=self.trainer.abstract_state)
+
+    def restore_params(self, step: Optional[int] = None) -> tuple[Any, int]:
+        """(params, step) of `step` (default: latest) without the optimizer state."""
+        step = self.checkpointer.latest_step() if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"no checkpoint in {self.checkpointer.directory}: train first "
+                                    f"(python -m gr_jax.train ... --gin.MODEL_DIR={self.experiment.model_dir})")
+        return self.checkpointer.restore_params(step, abstract_params=self.trainer.abstract_state.params), step
+
+    def retriever(self, params: Any = None, *, batch_size: int = 32, num_beams: Optional[int] = None,
+                  constrained: bool = True, show_progress: bool = False) -> GenerativeRetriever:
+        """The model with `params` as a retriever over the run's docid space (its decoding compiled on first use)."""
+        if self.docid_space is None:
+            raise ValueError(f"{self.experiment.dataset.mixture_name!r} has no docids to retrieve (its targets are "
+                             "not docids)")
+        return GenerativeRetriever(model=self.model, params=params, docid_space=self.docid_space,
+                                   vocabulary=self.vocabulary, input_length=self.experiment.dataset.input_length,
+                                   mesh=self.mesh, param_shardings=self.trainer.state_shardings.params,
+                                   batch_size=batch_size, num_beams=num_beams, constrained=constrained,
+                                   rules=self.trainer.rules, show_progress=show_progress)
+
+    def evaluator(self, *, split: str, k: int, max_queries: Optional[int] = None) -> RetrievalEvaluator:
+        """The split's queries (the first `max_queries`) and qrels; judgements naming documents outside the docid
+        space are counted in a warning (they can never be retrieved, so they cap recall)."""
+        data = open_dataset(self.experiment.dataset.data_dir)
+        queries = list(data.queries(split))
+        if max_queries:
+            queries = queries[:max_queries]
+        qrels = data.qrels(split)
+        if self.docid_space is not None:
+            data.check_qrels(split, docids=self.docid_space.table, qids={qid for qid, _ in queries})
+        return RetrievalEvaluator(queries=queries, qrels=qrels, k=k)

@@ -1,0 +1,206 @@
+"""DSI's atomic docids: one output column per document; retrieval is one decoder step and a top-k over the corpus.
+
+`atomic_logits_dense` [embed, docids] has one column per document, split over the 'model' mesh axis (its columns
+are padded to a multiple of 128, masked, so the axis divides them). Docid i is the token `docid_vocab_start + i`
+(table row `[docid_vocab_start + i, EOS]`, `gr_jax.docids.schemes.atomic`), column i of the head. Only the start
+position is decoded and learnt (after a docid, EOS has probability 1 by construction), so loss, accuracy and
+scores are per docid: log p(docid | query) under a softmax over the whole corpus. Retrieval ranks all docid
+columns shard-wise (`top_k_columns`): no device ever holds the logits of all 8.8M MS MARCO docids.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec
+
+from gr_jax import decoding
+from gr_jax.heads.base import (OutputHead, check_docid_range, fill_docid_range, masked_logits, register_head,
+                               require_docid_range)
+from gr_jax.network import EMBED, NEG_INF, VOCAB, Transformer, fan_in_init, logical_param
+from gr_jax.partitioning import DATA_AXIS, MODEL_AXIS
+from gr_jax.vocabulary import EOS_ID, PAD_ID
+
+Array = jax.Array
+
+# The head's columns are padded to a multiple of this (masked), so the 'model' mesh axis divides them.
+COLUMNS_MULTIPLE = 128
+
+
+@register_head("atomic")
+class AtomicHead(OutputHead):
+
+    fresh_param_patterns = (r"atomic_logits_dense",)
+    ranks_in_one_pass = True
+
+    @classmethod
+    def check_config(cls, config):
+        check_docid_range(config, head="atomic")
+
+    @classmethod
+    def with_docid_range(cls, config, docid_token_range):
+        return fill_docid_range(config, docid_token_range, head="atomic")
+
+    @classmethod
+    def columns(cls, config) -> int:
+        """Columns of the head: docid_vocab_size padded to a multiple of 128 (padding columns are masked)."""
+        require_docid_range(config, head="atomic")
+        return -(-config.docid_vocab_size // COLUMNS_MULTIPLE) * COLUMNS_MULTIPLE
+
+    @classmethod
+    def logits_vocab_size(cls, config):
+        """The decoded token space ends with the docid tokens (decoded sequences are `[docid token, EOS]`)."""
+        if config.output_vocab_size is None:
+            require_docid_range(config, head="atomic")
+            return config.docid_vocab_start + config.docid_vocab_size
+        return config.output_vocab_size
+
+    @classmethod
+    def shares_input_vocabulary(cls, config):
+        return False  # the docid columns replace the output layer: nothing pretrained to copy
+
+    @classmethod
+    def target_columns(cls, config, targets, weights):
+        """Column = token - docid_vocab_start, at the first position only (the logits cover that one position); a
+        weighted target that is no docid token is invalid, unweighted ones (padding rows) are scored at column 0."""
+        columns = targets - config.docid_vocab_start
+        outside = (columns < 0) | (columns >= config.docid_vocab_size)
+        return jnp.where(outside, 0, columns), outside & (weights > 0)
+
+    @classmethod
+    def predict_batch(cls, model, params, encoder_input_tokens, *, num_beams, max_decode_len, trie, length_penalty):
+        """Exact: the `num_beams` best docids of the whole corpus (`rank`); no trie is needed, since the outputs
+        are exactly the docids, and one given is ignored."""
+        del trie
+        return cls.rank(model, params, encoder_input_tokens, num_results=num_beams, max_decode_len=max_decode_len,
+                        length_penalty=length_penalty)
+
+    @classmethod
+    def rank(cls, model: Any, params: Any, encoder_input_tokens: Array, *, num_results: int, max_decode_len: int = 2,
+             length_penalty: float = 0.0) -> decoding.BeamSearchResult:
+        """The `num_results` most likely docids of the whole corpus for each query, best first.
+
+        One encoder pass and one decoder step give the query state; `top_k_columns` ranks all docid columns
+        shard-wise. Results have beam search's format, so the DocidTable lookup applies unchanged: sequences
+        int32[batch, num_results, max_decode_len] = `[docid token, EOS, PAD...]`, scores float32[batch,
+        num_results] = log p(docid | query) (divided by the brevity penalty of length 2 if `length_penalty` != 0);
+        slots beyond the number of docids have score -inf and PAD tokens.
+        """
+        cfg = model.config
+        if not isinstance(num_results, int) or num_results < 1:
+            raise ValueError(f"num_results must be a positive int, got {num_results!r}")
+        if max_decode_len < 2:
+            raise ValueError(f"max_decode_len={max_decode_len}: an atomic docid needs 2 tokens (docid, EOS)")
+        states = model.module.apply({"params": params}, encoder_input_tokens, method=Transformer.start_states)
+        scores, columns = top_k_columns(states, params["atomic_logits_dense"], k=num_results, first_column=0,
+                                        end_column=cfg.docid_vocab_size)
+        tokens = columns + cfg.docid_vocab_start
+        found = scores > NEG_INF / 2  # masked columns only surface when num_results > number of docids
+        scores = jnp.where(found, scores, -jnp.inf)
+        if length_penalty:
+            scores = scores / decoding.brevity_penalty(alpha=length_penalty, length=2.0)
+        missing = num_results - scores.shape[1]
+        if missing > 0:
+            scores = jnp.pad(scores, ((0, 0), (0, missing)), constant_values=-jnp.inf)
+            tokens = jnp.pad(tokens, ((0, 0), (0, missing)), constant_values=PAD_ID)
+            found = jnp.pad(found, ((0, 0), (0, missing)), constant_values=False)
+        batch = encoder_input_tokens.shape[0]
+        sequences = jnp.full((batch, num_results, max_decode_len), PAD_ID, jnp.int32)
+        sequences = sequences.at[:, :, 0].set(jnp.where(found, tokens, PAD_ID))
+        sequences = sequences.at[:, :, 1].set(jnp.where(found, EOS_ID, PAD_ID))
+        return decoding.BeamSearchResult(sequences=sequences, scores=scores)
+
+    # --- The Flax module ----------------------------------------------------------------------------------------
+
+    def setup(self):
+        cfg = self.config
+        self.atomic_logits_dense = logical_param(self, "atomic_logits_dense", fan_in_init(1),
+                                                 (cfg.emb_dim, self.columns(cfg)), (EMBED, VOCAB), cfg.param_dtype)
+
+    def teacher_forced_inputs(self, decoder_input_tokens):
+        return decoder_input_tokens[:, :1]  # the docid is one token: only the start position is decoded
+
+    def docid_logits(self, states: Array) -> Array:
+        """states [..., embed] -> float32 logits over the docid columns [..., columns] (padding columns NEG_INF)."""
+        cfg = self.config
+        logits = jnp.einsum("...d,dv->...v", states, self.atomic_logits_dense.astype(cfg.dtype))
+        return masked_logits(logits, jnp.arange(self.columns(cfg)) < cfg.docid_vocab_size)
+
+    def __call__(self, states, *, embedded, encoded, cross_mask, deterministic):
+        """Logits [batch, 1, columns]: column i for token docid_vocab_start + i."""
+        del embedded, encoded, cross_mask, deterministic
+        return self.docid_logits(states)
+
+    def step_inputs(self, tokens, *, position):
+        # After position 0 the input is a docid token, which need not be in the input vocabulary.
+        return jnp.where(position == 0, tokens, PAD_ID)
+
+    def step(self, states, *, embedded, position, cache, context, cross_mask):
+        """Position 0 gives the docid logits placed at their token ids (every other id NEG_INF); later positions
+        allow only EOS (log-prob 0), so generic beam search and sampling produce `[docid token, EOS]`. This
+        materialises all docid logits of each row: retrieval uses `rank` instead."""
+        del embedded, cache, context, cross_mask
+        cfg = self.config
+        vocab = self.logits_vocab_size(cfg)
+        logits = self.docid_logits(states)[:, 0]
+        rows = logits.shape[0]
+        logits = jnp.concatenate([jnp.full((rows, cfg.docid_vocab_start), NEG_INF, jnp.float32),
+                                  logits[:, :cfg.docid_vocab_size],
+                                  jnp.full((rows, vocab - cfg.docid_vocab_start - cfg.docid_vocab_size), NEG_INF,
+                                           jnp.float32)], axis=1)
+        eos_only = jnp.where(jnp.arange(vocab) == EOS_ID, 0.0, NEG_INF).astype(jnp.float32)
+        return jnp.where(position == 0, logits, eos_only[None, :]), ()
+
+
+def _top_k_local(states: Array, kernel: Array, *, k: int, first_column: int, end_column: int,
+                 column_offset: Array | int) -> tuple[Array, Array, Array]:
+    """Top-k of states @ kernel over the columns [first_column, end_column) of this block of columns.
+
+    states: [batch, embed]; kernel: [embed, block] holding global columns column_offset .. + block.
+    Returns (values float32[batch, min(k, block)], global columns int32[same], logsumexp float32[batch]).
+    """
+    logits = jnp.einsum("bd,dv->bv", states, kernel.astype(states.dtype)).astype(jnp.float32)
+    columns = column_offset + jnp.arange(kernel.shape[1], dtype=jnp.int32)
+    logits = jnp.where((columns >= first_column) & (columns < end_column), logits, NEG_INF)
+    values, picked = jax.lax.top_k(logits, min(k, kernel.shape[1]))
+    return values, (picked + column_offset).astype(jnp.int32), jax.nn.logsumexp(logits, axis=-1)
+
+
+def top_k_columns(states: Array, kernel: Array, *, k: int, first_column: int, end_column: int
+                  ) -> tuple[Array, Array]:
+    """The k best columns of the log-softmax of states @ kernel restricted to [first_column, end_column).
+
+    states: [batch, embed]; kernel: [embed, columns], split over the 'model' mesh axis when a mesh with that axis is
+    in context (`partitioning.partitioning_context`). Returns (log-probs float32[batch, k'], columns int32[batch, k'])
+    best first, k' = min(k, columns). Shard-wise: each 'model' shard computes only its own block of logits, its
+    local top-k and log-normaliser; the shards' candidates (k per shard) and normalisers are gathered and merged.
+    No device ever holds the logits of all columns, so an atomic head over 8.8M docids ranks the whole corpus in
+    one pass with memory per device ~ batch * columns / model_shards.
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    shards = 1 if mesh.empty or MODEL_AXIS not in mesh.axis_names else mesh.shape[MODEL_AXIS]
+    width = kernel.shape[1]
+    k = min(k, width)
+    if shards == 1:
+        values, columns, log_z = _top_k_local(states, kernel, k=k, first_column=first_column,
+                                              end_column=end_column, column_offset=0)
+        return values - log_z[:, None], columns
+    if width % shards:
+        raise ValueError(f"the kernel's {width} columns do not split over the {shards} '{MODEL_AXIS}' shards")
+    data = mesh.shape[DATA_AXIS] if DATA_AXIS in mesh.axis_names else 1
+    batch_axis = DATA_AXIS if data > 1 and states.shape[0] % data == 0 else None
+
+    def per_shard(states_block, kernel_block):
+        offset = jax.lax.axis_index(MODEL_AXIS) * kernel_block.shape[1]
+        values, columns, log_z = _top_k_local(states_block, kernel_block, k=k, first_column=first_column,
+                                              end_column=end_column, column_offset=offset)
+        values = jax.lax.all_gather(values, MODEL_AXIS, axis=1, tiled=True)  # [batch, shards * k_local]
+        columns = jax.lax.all_gather(columns, MODEL_AXIS, axis=1, tiled=True)
+        log_z = jax.nn.logsumexp(jax.lax.all_gather(log_z[:, None], MODEL_AXIS, axis=1, tiled=True), axis=-1)
+        best, picked = jax.lax.top_k(values, k)
+        return best - log_z[:, None], jnp.take_along_axis(columns, picked, axis=1)
+
+    return jax.shard_map(per_shard, in_specs=(PartitionSpec(batch_axis, None), PartitionSpec(None, MODEL_AXIS)),
+                         out_specs=(PartitionSpec(batch_axis, None), PartitionSpec(batch_axis, None)),
+                         check_vma=False)(states, kernel)

@@ -1,0 +1,151 @@
+"""NCI's prefix-aware weight-adaptive (PAWA) decoder (Wang et al. 2022) over 2D semantic docids.
+
+A second, randomly initialised decoder stack (`pawa/...`) reads the docid prefix and the query encoding and
+generates, at every position t, a matrix M_t [embed, embed]; the position's projection is W_t = M_t W [embed, vocab]
+with W the shared `logits_dense`, restricted to the docid tokens and EOS (other columns masked). As NCI's
+`adaptor_decode` (modeling_t5.py). The docid tokens [docid_vocab_start, docid_vocab_start + docid_vocab_size) are
+the 2D semantic tokens, inside `vocab_size` (the PAWA stack embeds the prefix). `pawa_num_layers` (default: half
+the decoder's layers, which reproduces the study's PAWA sizes: 761M for Base, 2.1B for Large) sets its depth.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from gr_jax.heads.base import (check_docid_range, fill_docid_range, masked_logits, register_head,
+                               require_docid_range)
+from gr_jax.heads.standard import StandardHead
+from gr_jax.network import (EMBED, MLP, DecoderLayer, RelativePositionBias, RMSNorm, T5Config, fan_in_init,
+                            logical_param, teacher_forced_stack)
+from gr_jax.vocabulary import EOS_ID
+
+Array = jax.Array
+
+
+@register_head("pawa")
+class PawaHead(StandardHead):
+    """`logits_dense` (shared with the standard head, so a pretrained lm_head fills it) mixed per position by the
+    PAWA stack's generated matrices, restricted to EOS and the docid tokens."""
+
+    fresh_param_patterns = (r"pawa/.*",)  # NCI also initialises its PAWA decoder randomly
+
+    @classmethod
+    def check_config(cls, config):
+        if config.pawa_num_layers is not None and config.pawa_num_layers < 1:
+            raise ValueError(f"pawa_num_layers must be >= 1, got {config.pawa_num_layers}")
+        check_docid_range(config, head="pawa")
+
+    @classmethod
+    def with_docid_range(cls, config, docid_token_range):
+        return fill_docid_range(config, docid_token_range, head="pawa")
+
+    @classmethod
+    def num_layers(cls, config: T5Config) -> int:
+        """Layers of the PAWA stack: `pawa_num_layers`, or half the decoder's."""
+        return config.pawa_num_layers or max(1, config.num_decoder_layers // 2)
+
+    @classmethod
+    def num_cached_layers(cls, config):
+        return cls.num_layers(config)
+
+    def setup(self):
+        cfg = self.config
+        require_docid_range(cfg, head="pawa")
+        super().setup()
+        end = cfg.docid_vocab_start + cfg.docid_vocab_size
+        if end > min(cfg.vocab_size, self.logits_vocab_size(cfg)):
+            raise ValueError(f"the docid tokens [{cfg.docid_vocab_start}, {end}) do not fit the vocabulary "
+                             f"({cfg.vocab_size} input, {self.logits_vocab_size(cfg)} output tokens): the PAWA decoder "
+                             "embeds and predicts them")
+        self.pawa = PawaDecoder(cfg)
+
+    def mixed_logits(self, states: Array, pawa_states: Array) -> Array:
+        """(h_t M_t) W over EOS and the docid tokens, other columns NEG_INF: states, pawa_states [..., embed]."""
+        cfg = self.config
+        x = self.pawa.mix(states, pawa_states)
+        logits = jnp.einsum("...d,dv->...v", x, self.logits_dense.astype(cfg.dtype))
+        column = jnp.arange(self.logits_vocab_size(cfg))
+        return masked_logits(logits, (column == EOS_ID) | (
+            (column >= cfg.docid_vocab_start) & (column < cfg.docid_vocab_start + cfg.docid_vocab_size)))
+
+    def __call__(self, states, *, embedded, encoded, cross_mask, deterministic):
+        pawa_states = self.pawa(embedded, encoded, cross_mask=cross_mask, deterministic=deterministic)
+        return self.mixed_logits(states, pawa_states)
+
+    def prefill(self, encoded, *, max_decode_len):
+        return self.pawa.prefill(encoded, max_decode_len=max_decode_len)
+
+    def step(self, states, *, embedded, position, cache, context, cross_mask):
+        cross_kv, bias = context
+        pawa_states, cache = self.pawa.step(embedded, position=position, cache=cache, cross_kv=cross_kv,
+                                            cross_mask=cross_mask, bias=bias)
+        return self.mixed_logits(states, pawa_states)[:, 0], cache
+
+    def projections(self, embedded: Array, encoded: Array, *, cross_mask: Array) -> Array:
+        """The per-position output projections W_t = M_t W restricted to EOS and the docid tokens,
+        float32[batch, tgt_len, embed, 1 + docid_vocab_size] (column 0: EOS). For inspection and tests only: the
+        head never materialises them (it computes (h_t M_t) W)."""
+        cfg = self.config
+        u = self.pawa(embedded, encoded, cross_mask=cross_mask, deterministic=True)
+        columns = jnp.concatenate([jnp.array([EOS_ID]), cfg.docid_vocab_start + jnp.arange(cfg.docid_vocab_size)])
+        shared = jnp.take(self.logits_dense, columns, axis=1).astype(jnp.float32)
+        return jnp.einsum("btde,ev->btdv", self.pawa.generated_matrices(u).astype(jnp.float32), shared)
+
+
+class PawaDecoder(nn.Module):
+    """NCI's prefix-aware weight-adaptive (PAWA) stack: per position t, a projection generator M_t [embed, embed].
+
+    Its own T5.1.1 decoder layers (causal self-attention over the docid prefix, cross-attention to the query
+    encoding), relative-position table and final norm read the same decoder input tokens as the main decoder; a
+    linear map `weight_generator` [embed, embed * embed] turns each output u_t into M_t, and the position's logits are
+    (h_t M_t) W: h_t the main decoder's state, W the shared projection. M_t depends on the prefix, so the same
+    token gets different output weights at different depths of the docid tree. The generator is initialised so
+    that h_t M_t keeps h_t's scale (var 1 / (embed * embed), u_t being RMS-normalised). The restriction to the docid
+    vocabulary is a mask on (h_t M_t) W: computing W's other columns costs 2 embed |V| per position, a few percent
+    of generating M_t (2 embed^3).
+    """
+    config: T5Config
+
+    def setup(self):
+        cfg = self.config
+        layer_cls = nn.remat(DecoderLayer, static_argnums=(6,)) if cfg.remat else DecoderLayer
+        self.relpos = RelativePositionBias(cfg, bidirectional=False)
+        self.layers = [layer_cls(cfg) for _ in range(PawaHead.num_layers(cfg))]
+        self.norm = RMSNorm(cfg)
+        # [embed, embed * embed] is an up-projection like an MLP's first layer (NCI: Linear(d, d^2)), and its wide
+        # axis is split over 'model' as an MLP's is: 453M parameters at Base, 1.07B at Large.
+        self.weight_generator = logical_param(self, "weight_generator", fan_in_init(1, scale=1.0 / cfg.emb_dim),
+                                       (cfg.emb_dim, cfg.emb_dim * cfg.emb_dim), (EMBED, MLP), cfg.param_dtype)
+        self.dropout = nn.Dropout(cfg.dropout_rate)
+
+    def __call__(self, embedded: Array, encoded: Array, *, cross_mask: Array, deterministic: bool) -> Array:
+        """Teacher-forced. embedded: [batch, tgt_len, embed] (decoder input embeddings) -> u, same shape."""
+        return teacher_forced_stack(embedded, encoded, layers=self.layers, relpos=self.relpos, norm=self.norm,
+                                     dropout=self.dropout, cross_mask=cross_mask, deterministic=deterministic)
+
+    def prefill(self, encoded: Array, *, max_decode_len: int) -> tuple[tuple, Array]:
+        """Per-query constants: cross-attention (keys, values) per layer and the bias [heads, max_len, max_len]."""
+        cross_kv = tuple(layer.encoder_decoder_attention.project_kv(encoded) for layer in self.layers)
+        return cross_kv, self.relpos(max_decode_len, max_decode_len)
+
+    def step(self, embedded: Array, *, position: Array, cache: tuple, cross_kv: tuple, cross_mask: Array,
+             bias: Array) -> tuple[Array, tuple]:
+        """One position for batch*beams rows. embedded: [rows, 1, embed] -> (u [rows, 1, embed], new cache)."""
+        bias_row = jax.lax.dynamic_index_in_dim(bias, position, axis=1, keepdims=False)
+        x, new_cache = embedded, []
+        for layer, layer_cache, kv in zip(self.layers, cache, cross_kv):
+            x, layer_cache = layer.step(x, position=position, self_cache=layer_cache, cross_kv=kv,
+                                        cross_mask=cross_mask, bias_row=bias_row)
+            new_cache.append(layer_cache)
+        return self.norm(x), tuple(new_cache)
+
+    def generated_matrices(self, u: Array) -> Array:
+        """u: [..., embed] -> M: [..., embed, embed], one per position (and per beam)."""
+        d = self.config.emb_dim
+        flat = jnp.einsum("...p,pf->...f", u, self.weight_generator.astype(self.config.dtype))
+        return flat.reshape(flat.shape[:-1] + (d, d))
+
+    def mix(self, h: Array, u: Array) -> Array:
+        """h_t M_t: h, u: [..., embed] -> [..., embed]. Costs 2 embed^3 FLOPs per position (generating M_t)."""
+        return jnp.einsum("...d,...de->...e", h, self.generated_matrices(u))

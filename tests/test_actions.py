@@ -1,0 +1,203 @@
+"""The training loop's periodic actions, each on its own (fake checkpointer, writer and retriever), and the flat loop
+with an action plugged in from outside."""
+import json
+import math
+import types
+
+import numpy as np
+import pytest
+
+from gr_jax import actions
+from gr_jax.evaluator import RetrievalEvaluator
+from gr_jax.retrievers import Ranking
+
+
+class FakeCheckpointer:
+    """Records saves as orbax's manager would keep them: never twice for one step."""
+
+    def __init__(self):
+        self.saved: dict[int, dict] = {}
+        self.directory = "/fake/checkpoints"
+
+    def save(self, step, *, state, input_state, force=False):
+        if step in self.saved:
+            return False
+        self.saved[step] = {"state": state, "input_state": input_state, "force": force}
+        return True
+
+    def latest_step(self):
+        return max(self.saved, default=None)
+
+    def wait_until_finished(self):
+        pass
+
+
+class FakeWriter:
+    def __init__(self):
+        self.scalars: dict[int, dict] = {}
+
+    def write_scalars(self, step, scalars):
+        self.scalars.setdefault(step, {}).update(scalars)
+
+    def flush(self):
+        pass
+
+
+class ScoreTableRetriever:
+    """Ranks by a fixed score per (params, query, docid): params is a dict docid -> score shared by all queries."""
+
+    def __init__(self, params=None):
+        self.params = params
+
+    def with_params(self, params):
+        return ScoreTableRetriever(params)
+
+    def rank(self, queries, *, k):
+        order = sorted(self.params, key=lambda docid: -self.params[docid])[:k]
+        return Ranking(ids=[list(order) for _ in queries], scores=[[self.params[d] for d in order] for _ in queries],
+                       seconds=1.0)
+
+
+def _run(tmp_path, *, start_step=0, start_batch=0):
+    built = types.SimpleNamespace(checkpointer=FakeCheckpointer(),
+                                  trainer=types.SimpleNamespace(abstract_state=types.SimpleNamespace(params=None)))
+    return actions.TrainingRun(built=built, model_dir=tmp_path, writer=FakeWriter(), start_step=start_step,
+                               start_batch=start_batch, seed=7, retriever=ScoreTableRetriever())
+
+
+def _progress(step, *, summary=None, last=False, params=None):
+    return actions.TrainingProgress(step=step, state=types.SimpleNamespace(params=params), summary=summary or {},
+                                    last=last)
+
+
+def test_stop_on_non_finite_loss_raises_naming_the_last_good_checkpoint(tmp_path):
+    run = _run(tmp_path)
+    run.built.checkpointer.save(4, state=None, input_state={})
+    guard = actions.StopOnNonFiniteLoss()
+    assert guard.every_steps is None and guard.due(3, last=False)  # at every report
+    assert guard(run, _progress(5, summary={"loss": 2.0, "grad_norm": 1.0})) is False
+    for bad in (math.nan, math.inf):
+        with pytest.raises(actions.NonFiniteLossError, match=r"step 6.*last good checkpoint \(step 4\)"):
+            guard(run, _progress(6, summary={"loss": 1.0, "grad_norm": bad}))
+
+
+def test_write_train_metrics_writes_every_report_and_keeps_the_last(tmp_path):
+    run, writer = _run(tmp_path), actions.WriteTrainMetrics()
+    writer(run, _progress(2, summary={"loss": 3.0}))
+    writer(run, _progress(4, summary={"loss": 2.5, "token_accuracy": 0.25}))
+    writer(run, _progress(5, summary={}))  # nothing accumulated since the last report: nothing written
+    assert run.writer.scalars == {2: {"train/loss": 3.0}, 4: {"train/loss": 2.5, "train/token_accuracy": 0.25}}
+    assert run.report == {"train/loss": 2.5, "train/token_accuracy": 0.25}
+
+
+def test_save_checkpoint_every_n_steps_at_the_last_and_where_training_stopped(tmp_path):
+    run = _run(tmp_path, start_step=10, start_batch=30)  # resumed: batches_consumed counts from the input position
+    save = actions.SaveCheckpoint(every_steps=4)
+    assert [step for step in range(11, 20) if save.due(step, last=step == 19)] == [12, 16, 19]
+    for step in (12, 16):
+        assert save(run, _progress(step)) is False
+    save.end(run, _progress(17))  # stopped early at step 17: saved there, forced
+    save.end(run, _progress(17))  # never twice
+    saved = run.built.checkpointer.saved
+    assert sorted(saved) == [12, 16, 17] and saved[17]["force"] and not saved[12]["force"]
+    assert [saved[s]["input_state"] for s in (12, 16, 17)] == [{"batches_consumed": b, "seed": 7} for b in (32, 36, 37)]
+    with pytest.raises(ValueError, match="every_steps must be >= 1"):
+        actions.SaveCheckpoint(every_steps=0)
+
+
+QUERIES = [("q1", "a"), ("q2", "b")]
+QRELS = {"q1": {"d2": 1}, "q2": {"d3": 1}}
+
+
+def test_evaluate_retrieval_periodically_and_at_the_end_with_the_reported_params(tmp_path):
+    run = _run(tmp_path)
+    evaluate = actions.EvaluateRetrieval(evaluator=RetrievalEvaluator(queries=QUERIES, qrels=QRELS, k=3),
+                                         split="dev", every_steps=5)
+    assert [s for s in range(1, 16) if evaluate.due(s, last=s == 15)] == [5, 10]  # the last step is `end`'s
+    evaluate(run, _progress(5, params={"d1": 3.0, "d2": 2.0, "d3": 1.0}))
+    assert run.report["eval/MRR@10"] == pytest.approx((1 / 2 + 1 / 3) / 2)
+    assert run.writer.scalars[5]["eval/MRR@10"] == run.report["eval/MRR@10"]
+    assert (tmp_path / "run.dev.5.trec").read_text().splitlines()[0] == "q1 Q0 d1 1 3.0 gr_jax-5"
+    run.reported_params = (8, {"d2": 1.0, "d3": 0.5})  # e.g. model selection's best state
+    evaluate.end(run, _progress(15, params={"d1": 3.0, "d2": 2.0, "d3": 1.0}))
+    assert run.report["eval/MRR@10"] == pytest.approx((1 + 1 / 2) / 2) and (tmp_path / "run.dev.8.trec").exists()
+    assert not actions.EvaluateRetrieval(evaluator=None, split="dev", every_steps=0).due(5, last=False)
+
+
+def test_select_model_keeps_the_best_stops_on_patience_and_resumes_stopped(tmp_path, monkeypatch):
+    best_saves = []
+
+    class BestCheckpointer(FakeCheckpointer):
+        def save(self, step, **kwargs):
+            best_saves.append(step)
+            return super().save(step, **kwargs)
+
+        def restore_params(self, step, *, abstract_params):
+            return self.saved[step]["state"].params
+
+    monkeypatch.setattr(actions.checkpoints, "Checkpointer", lambda *args, **kwargs: BestCheckpointer())
+    run = _run(tmp_path)
+
+    def select():
+        return actions.SelectModel(evaluator=RetrievalEvaluator(queries=QUERIES, qrels=QRELS, k=3), split="valid",
+                                   metric="MRR@10", every_steps=2, patience=2)
+
+    action = select()
+    assert action.start(run) is False
+    good, worse = {"d2": 2.0, "d3": 1.0, "d1": 0.0}, {"d1": 3.0, "d2": 2.0, "d3": 1.0}
+    assert action(run, _progress(2, params=worse)) is False
+    assert action(run, _progress(4, params=good)) is False  # a new best: kept
+    assert action(run, _progress(6, params=worse)) is False
+    assert action(run, _progress(8, params=worse)) is True  # two evaluations without improvement: stop
+    assert best_saves == [2, 4]
+    saved = json.loads((tmp_path / "selection.json").read_text())
+    assert (saved["best_step"], saved["stopped"], [s for s, _ in saved["history"]]) == (4, True, [2, 4, 6, 8])
+    action.end(run, _progress(8, params=worse))
+    assert run.reported_params == (4, good)
+    assert run.report["select/best_step"] == 4 and run.report["select/stopped_at"] == 8
+    # A run resumed from its step-8 checkpoint has nothing left to train.
+    assert select().start(_run(tmp_path, start_step=8)) is True
+    with pytest.raises(ValueError, match="needs periodic evaluation"):
+        actions.SelectModel(evaluator=None, split="valid", metric="MRR@10", every_steps=0)
+
+
+class StopAt(actions.Action):
+    """A plugged-in action: records the steps it saw and stops training at `step`."""
+
+    def __init__(self, *, every_steps, step):
+        self.every_steps, self.step, self.seen, self.ended = every_steps, step, [], None
+
+    def __call__(self, run, progress):
+        self.seen.append((progress.step, sorted(progress.summary)))
+        return progress.step >= self.step
+
+    def end(self, run, progress):
+        self.ended = progress.step
+
+
+def test_the_loop_reports_to_actions_and_stops_when_one_says_so(tmp_path, monkeypatch):
+    """The flat loop with a fake trainer: reports where an action is due or every `report_every_steps`, stops after
+    the step an action asks it to, and ends every action once."""
+    steps = []
+
+    class FakeTrainer:
+        def train_step(self, state, batch, rng):
+            steps.append(batch)
+            return state, {"loss": 2.0, "z_loss": 0.0, "weight": 4.0, "correct_tokens": 1.0, "correct_sequences": 1.0,
+                           "num_sequences": 2.0, "learning_rate": 0.1, "grad_norm": 1.0}
+
+    from gr_jax import training
+    monkeypatch.setattr(training.pipeline, "train_batches", lambda **kwargs: iter(range(kwargs["start_batch"], 10**6)))
+    experiment = types.SimpleNamespace(batch_size=4, seed=0, dataset=types.SimpleNamespace(
+        mixture_name="m", input_length=3, target_length=2))
+    run = _run(tmp_path, start_step=2, start_batch=2)
+    run.built.experiment, run.built.trainer = experiment, FakeTrainer()
+    plugged = StopAt(every_steps=3, step=9)
+    writer = actions.WriteTrainMetrics()
+    _, report = training.training_loop(run=run, state=np.zeros(()), num_train_steps=20, report_every_steps=5,
+                                       actions=[writer, plugged], progress=False)
+    assert steps == list(range(2, 9))  # resumed at batch 2, stopped after step 9
+    assert [step for step, _ in plugged.seen] == [3, 6, 9] and plugged.ended == 9
+    assert sorted(run.writer.scalars) == [3, 5, 6, 9]  # reports: the plugged action's steps and every 5th
+    assert run.writer.scalars[5]["train/loss"] == pytest.approx(0.5)  # summed loss / summed weight
+    assert report["train/steps_per_second"] > 0

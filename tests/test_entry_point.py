@@ -1,0 +1,64 @@
+"""What every entry point does around its work: TensorFlow's start-up noise dropped (and nothing else), bad input
+ending in one line with exit status 1."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from gr_jax import entry_point
+from gr_jax.data.readers import DataFormatError
+
+
+def test_start_up_noise_is_dropped_and_everything_else_replayed(capfd):
+    noise = ["WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+             "I0000 00:00:1795505584.178190   11088 port.cc:153] oneDNN custom operations are on. You may see ...",
+             "I0000 00:00:1795505584.179187   11088 cudart_stub.cc:31] Could not find cuda drivers on your machine.",
+             "E0000 00:00:1795506327.753723   13700 cuda_platform.cc:52] failed call to cuInit: INTERNAL: CUDA error"]
+    real = ["E0000 00:00:1795505584.1 11088 op_kernel.cc:1857] a real TensorFlow error", "plain text"]
+    with entry_point._quiet_stderr():
+        os.write(2, ("\n".join([noise[0], real[0], *noise[1:], real[1]]) + "\n").encode())
+    assert capfd.readouterr().err.splitlines() == real
+
+
+def test_a_real_start_has_no_noise():
+    """`setup` in a fresh process: importing TensorFlow prints nothing."""
+    out = subprocess.run([sys.executable, "-c", "from gr_jax import entry_point; entry_point.setup(); "
+                          "import tensorflow, seqio; print('ok')"], capture_output=True, text=True, check=True,
+                         env={k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"})
+    assert out.stdout == "ok\n" and out.stderr == ""
+
+
+@pytest.mark.parametrize("error", [FileNotFoundError("no file x"), FileExistsError("x exists"),
+                                   DataFormatError("data/c.tsv:3: duplicate pid '7'"), ValueError("bad setting")])
+def test_bad_input_ends_with_one_line(error, monkeypatch):
+    monkeypatch.delenv("GR_JAX_TRACEBACK", raising=False)
+
+    def body():
+        raise error
+
+    with pytest.raises(SystemExit) as exit_info:
+        entry_point.run(body)
+    assert exit_info.value.code == f"error: {error}"  # printed to stderr by Python, exit status 1
+    monkeypatch.setenv("GR_JAX_TRACEBACK", "1")
+    with pytest.raises(type(error)):
+        entry_point.run(body)
+    assert entry_point.run(lambda: 42) == 42
+
+
+def test_other_errors_keep_their_traceback():
+    with pytest.raises(KeyError):
+        entry_point.run(lambda: {}["missing"])
+
+
+def test_gin_call_context_is_dropped_from_the_line(monkeypatch):
+    monkeypatch.delenv("GR_JAX_TRACEBACK", raising=False)
+    message = ("no SentencePiece vocabulary at /x/spm.model; train one beside the data\n"
+               "  In call to configurable 'train' (<function train at 0x7fa11a6d23e0>)")
+
+    def body():
+        raise FileNotFoundError(message)
+
+    with pytest.raises(SystemExit) as exit_info:
+        entry_point.run(body)
+    assert exit_info.value.code == "error: no SentencePiece vocabulary at /x/spm.model; train one beside the data"
