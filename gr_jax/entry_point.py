@@ -63,6 +63,9 @@ class _DropSeqioCacheAdvice(logging.Filter):
         return not record.getMessage().startswith("Using an uncached FunctionDataset for training is not recommended")
 
 
+_SEQIO_CACHE_ADVICE = _DropSeqioCacheAdvice()
+
+
 def setup(*, log_format: str = "%(asctime)s %(levelname)s %(name)s: %(message)s") -> None:
     """TensorFlow imported quietly and kept off the accelerators, then console logging at GR_JAX_LOG_LEVEL (default
     INFO; e.g. WARNING for a demo that should show only progress bars and results). Call it first: before any
@@ -80,7 +83,7 @@ def setup(*, log_format: str = "%(asctime)s %(levelname)s %(name)s: %(message)s"
     # Before anything logs: a module-level `logging.warning` (absl's, seqio's) would otherwise configure the root
     # logger with Python's defaults first, and this call would do nothing.
     logging.basicConfig(level=os.environ.get("GR_JAX_LOG_LEVEL", "INFO").upper(), format=log_format)
-    logging.getLogger("absl").addFilter(_DropSeqioCacheAdvice())
+    logging.getLogger("absl").addFilter(_SEQIO_CACHE_ADVICE)  # added once, however often setup runs
 
 
 def run(body: Callable[[], T]) -> T:

@@ -211,7 +211,7 @@ def test_semantic_2d_table_by_hand():
         [1003, 1101, 1205, EOS_ID, PAD_ID],
         [1009, 1100, EOS_ID, PAD_ID, PAD_ID],
     ]
-    assert extended.num_extra_tokens == 400 and extended.output_vocab_size == 1400
+    assert extended.num_extra_tokens == 400 and extended.model_vocab_size == 1400
     assert _model_vocab_size(extended.table, vocab_size=1000) == 1343  # from the table alone: its largest token + 1
     # The same digit at different depths is a different token (unlike the digit-piece table).
     two = semantic_2d_docid_table(docids=["x", "y"], ids=SemanticIds.from_ids([(4, 4, 4), (4, 3)], k=5, c=5),
@@ -224,7 +224,7 @@ def test_atomic_table():
     extended = atomic_docid_table(docids=iter(["p7", "p3", "p9"]), vocab_size=100)
     assert extended.table.docids == ("p7", "p3", "p9")
     assert extended.table.tokens.tolist() == [[100, EOS_ID], [101, EOS_ID], [102, EOS_ID]]
-    assert extended.num_extra_tokens == 3 and extended.output_vocab_size == 103
+    assert extended.num_extra_tokens == 3 and extended.model_vocab_size == 103
     assert extended.table.lookup([101, EOS_ID]) == "p3"
     assert _model_vocab_size(extended.table, vocab_size=100) == 103
     with pytest.raises(ValueError, match="vocab_size must be > 1"):
@@ -314,11 +314,11 @@ def test_tool_builds_and_writes_the_table(topic_data_dir, scheme, capsys):
         digits = digit_token_ids(vocabulary)
         content = table.tokens[(table.tokens != PAD_ID) & (table.tokens != EOS_ID)]
         assert set(content.tolist()) <= set(digits)
-        assert report["output_vocab_size"] == vocabulary.vocab_size
+        assert report["model_vocab_size"] == vocabulary.vocab_size
     else:
         assert table.tokens[:, 0].min() >= vocabulary.vocab_size
-        assert report["output_vocab_size"] == vocabulary.vocab_size + report["num_extra_tokens"]
-        assert _model_vocab_size(table, vocab_size=vocabulary.vocab_size) <= report["output_vocab_size"]
+        assert report["model_vocab_size"] == vocabulary.vocab_size + report["num_extra_tokens"]
+        assert _model_vocab_size(table, vocab_size=vocabulary.vocab_size) <= report["model_vocab_size"]
     # A second run reuses the embeddings cache (the encoder is not called) and writes the same table.
     again = HashedBagOfWords()
     report = tool.build(data_dir=topic_data_dir, scheme=scheme, k=3, c=10, seed=0, nredo=5, embeddings_path=cache,

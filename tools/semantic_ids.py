@@ -66,7 +66,7 @@ def build(*, data_dir: str | pathlib.Path, scheme: str, k: int, c: int, seed: in
     extended.table.save(path)
     report.update(docid_table=str(path), num_docids=len(extended.table), max_length=extended.table.max_length,
                   vocab_size=extended.vocab_size, num_extra_tokens=extended.num_extra_tokens,
-                  output_vocab_size=extended.output_vocab_size)
+                  model_vocab_size=extended.model_vocab_size)
     if ids is not None:
         report["diagnostics"] = ids.stats.to_json()
     return report

@@ -305,8 +305,8 @@ def scatter_rows(flat: np.ndarray, lengths: np.ndarray, *, width: int) -> np.nda
 class ExtendedDocidTable:
     """A docid table whose content tokens are new ids appended after a vocabulary of `vocab_size` ids.
 
-    The model's embedding and output layers need `output_vocab_size = vocab_size + num_extra_tokens` rows;
-    docid tokens lie in [vocab_size, output_vocab_size) (EOS stays the vocabulary's).
+    The model's embedding and output layers need `model_vocab_size = vocab_size + num_extra_tokens` rows (as
+    `DocidSpace.model_vocab_size`); docid tokens lie in [vocab_size, model_vocab_size) (EOS stays the vocabulary's).
     """
 
     table: DocidTable
@@ -314,7 +314,7 @@ class ExtendedDocidTable:
     num_extra_tokens: int
 
     @property
-    def output_vocab_size(self) -> int:
+    def model_vocab_size(self) -> int:
         return self.vocab_size + self.num_extra_tokens
 
 
