@@ -25,7 +25,7 @@ from typing import Union
 import numpy as np
 
 from gr_jax.data.readers import DataFormatError
-from gr_jax.data.readers import _lines as read_lines  # (line number, line): splits on \n only, names bad UTF-8
+from gr_jax.data.readers import read_lines  # (line number, line): splits on \n only, names bad UTF-8
 
 Ranking = Union[Sequence[str], Sequence[tuple[str, float]]]
 Run = Mapping[str, Ranking]

@@ -77,9 +77,6 @@ def read_lines(path: PathLike) -> Iterator[tuple[int, str]]:
             yield line_number, line
 
 
-_lines = read_lines  # Former private name, still imported by some modules.
-
-
 def _id_text_tsv_line(line: str, *, path: PathLike, line_number: int, id_name: str,
                       text_name: str) -> tuple[str, str]:
     columns = line.split("\t")
