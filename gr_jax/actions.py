@@ -44,18 +44,19 @@ class TrainingRun:
       selection's best state); None means the last state.
     """
     built: Built
-    model_dir: pathlib.Path
     writer: MetricWriter
     start_step: int
     start_batch: int
-    seed: int
-    retriever: Optional[GenerativeRetriever] = None
     report: dict[str, float] = dataclasses.field(default_factory=dict)
     reported_params: Optional[tuple[int, Any]] = None
 
+    @property
+    def model_dir(self) -> pathlib.Path:
+        return pathlib.Path(self.built.experiment.model_dir)
+
     def input_state(self, step: int) -> dict:
         """The input position of `step`, saved with its checkpoint (exact resume)."""
-        return {"batches_consumed": self.start_batch + (step - self.start_step), "seed": self.seed}
+        return {"batches_consumed": self.start_batch + (step - self.start_step), "seed": self.built.experiment.seed}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,10 +140,11 @@ class SaveCheckpoint(Action):
         run.built.checkpointer.wait_until_finished()
 
 
-def evaluate_retrieval(run: TrainingRun, *, evaluator: RetrievalEvaluator, split: str, step: int, params: Any,
-                       prefix: str) -> dict[str, float]:
-    """Ranks the split with `params`; writes `{prefix}/*` scalars and `run.{split}.{step}.trec`; returns the metrics."""
-    metrics, ranked = evaluator.evaluate(run.retriever.with_params(params))
+def evaluate_retrieval(run: TrainingRun, *, retriever: GenerativeRetriever, evaluator: RetrievalEvaluator, split: str,
+                       step: int, params: Any, prefix: str) -> dict[str, float]:
+    """Ranks the split with `params` (the retriever's compiled decoding reused); writes `{prefix}/*` scalars and
+    `run.{split}.{step}.trec`; returns the metrics."""
+    metrics, ranked = evaluator.evaluate(retriever.with_params(params))
     run.writer.write_scalars(step, {f"{prefix}/{k}": v for k, v in metrics.items()})
     write_trec_run(run.model_dir / f"run.{split}.{step}.trec", ranked, tag=f"gr_jax-{step}")
     logger.info("step %d %s: %s", step, prefix, metrics)
@@ -153,7 +155,9 @@ class EvaluateRetrieval(Action):
     """Ranks the eval split every `every_steps` steps (0: only at the end) and, once training ends, with the
     final state (or the one `run.reported_params` names), whose metrics are the run's `eval/*` report."""
 
-    def __init__(self, *, evaluator: RetrievalEvaluator, split: str, every_steps: int = 0):
+    def __init__(self, *, retriever: GenerativeRetriever, evaluator: RetrievalEvaluator, split: str,
+                 every_steps: int = 0):
+        self.retriever = retriever
         self.evaluator = evaluator
         self.split = split
         self.every_steps = every_steps
@@ -161,17 +165,17 @@ class EvaluateRetrieval(Action):
     def due(self, step, *, last):
         return self.every_steps > 0 and step % self.every_steps == 0 and not last  # the last: `end`
 
-    def __call__(self, run, progress):
-        metrics = evaluate_retrieval(run, evaluator=self.evaluator, split=self.split, step=progress.step,
-                                     params=progress.state.params, prefix="eval")
+    def _evaluate(self, run: TrainingRun, step: int, params: Any) -> None:
+        metrics = evaluate_retrieval(run, retriever=self.retriever, evaluator=self.evaluator, split=self.split,
+                                     step=step, params=params, prefix="eval")
         run.report.update({f"eval/{k}": v for k, v in metrics.items()})
+
+    def __call__(self, run, progress):
+        self._evaluate(run, progress.step, progress.state.params)
         return False
 
     def end(self, run, progress):
-        step, params = run.reported_params or (progress.step, progress.state.params)
-        metrics = evaluate_retrieval(run, evaluator=self.evaluator, split=self.split, step=step, params=params,
-                                     prefix="eval")
-        run.report.update({f"eval/{k}": v for k, v in metrics.items()})
+        self._evaluate(run, *(run.reported_params or (progress.step, progress.state.params)))
 
 
 @dataclasses.dataclass
@@ -233,10 +237,11 @@ class SelectModel(Action):
     state ranks `evaluator`'s split; the best by `metric` is kept in `model_dir/best/`; training stops after
     `patience` evaluations without improvement; and the final evaluation ranks with the best state."""
 
-    def __init__(self, *, evaluator: RetrievalEvaluator, split: str, metric: str, every_steps: int,
-                 patience: Optional[int] = None):
+    def __init__(self, *, retriever: GenerativeRetriever, evaluator: RetrievalEvaluator, split: str, metric: str,
+                 every_steps: int, patience: Optional[int] = None):
         if every_steps < 1:
             raise ValueError(f"model selection needs periodic evaluation (every_steps > 0), got {every_steps}")
+        self.retriever = retriever
         self.evaluator = evaluator
         self.split = split
         self.metric = metric
@@ -252,8 +257,8 @@ class SelectModel(Action):
         return self.selection.stopped
 
     def __call__(self, run, progress):
-        metrics = evaluate_retrieval(run, evaluator=self.evaluator, split=self.split, step=progress.step,
-                                     params=progress.state.params, prefix="select")
+        metrics = evaluate_retrieval(run, retriever=self.retriever, evaluator=self.evaluator, split=self.split,
+                                     step=progress.step, params=progress.state.params, prefix="select")
         if self.metric not in metrics:
             raise KeyError(f"select_metric {self.metric!r} is not an evaluation metric: {sorted(metrics)}")
         if self.selection.record(progress.step, metrics[self.metric]):

@@ -26,6 +26,7 @@ from gr_jax.retrievers.generative import GenerativeRetriever
 from gr_jax.trainer import Trainer
 from gr_jax.vocabulary import MODEL_FILENAME, load_vocabulary
 
+
 class RunData(Protocol):
     """What an Experiment trains on: a data dir, its seqio mixture and, for retrieval, its docid space."""
 
@@ -181,20 +182,21 @@ class Built:
     trainer: Trainer
     checkpointer: checkpoints.Checkpointer
 
-    def restore(self, step: Optional[int] = None):
-        """(state, input_state) of `step` (default: latest); a clear error when there is no checkpoint."""
+    def _checkpoint_step(self, step: Optional[int]) -> int:
+        """`step`, or the latest checkpoint's; a clear error when there is none."""
         step = self.checkpointer.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"no checkpoint in {self.checkpointer.directory}: train first "
                                     f"(python -m gr_jax.train ... --gin.MODEL_DIR={self.experiment.model_dir})")
-        return self.checkpointer.restore(step, abstract_state=self.trainer.abstract_state)
+        return step
+
+    def restore(self, step: Optional[int] = None):
+        """(state, input_state) of `step` (default: latest)."""
+        return self.checkpointer.restore(self._checkpoint_step(step), abstract_state=self.trainer.abstract_state)
 
     def restore_params(self, step: Optional[int] = None) -> tuple[Any, int]:
-        """(params, step) of `step` (default: latest) without the optimizer state."""
-        step = self.checkpointer.latest_step() if step is None else step
-        if step is None:
-            raise FileNotFoundError(f"no checkpoint in {self.checkpointer.directory}: train first "
-                                    f"(python -m gr_jax.train ... --gin.MODEL_DIR={self.experiment.model_dir})")
+        """(params, step) of `step` (default: latest), without reading the optimizer state."""
+        step = self._checkpoint_step(step)
         return self.checkpointer.restore_params(step, abstract_params=self.trainer.abstract_state.params), step
 
     def retriever(self, params: Any = None, *, batch_size: int = 32, num_beams: Optional[int] = None,
@@ -218,5 +220,6 @@ class Built:
             queries = queries[:max_queries]
         qrels = data.qrels(split)
         if self.docid_space is not None:
-            data.check_qrels(split, docids=self.docid_space.table, qids={qid for qid, _ in queries})
+            data.check_qrels(split, docids=self.docid_space.table,
+                             qrels={qid: qrels[qid] for qid, _ in queries if qid in qrels})
         return RetrievalEvaluator(queries=queries, qrels=qrels, k=k)

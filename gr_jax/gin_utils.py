@@ -74,6 +74,17 @@ def parse_gin(*, gin_files: Sequence[str], bindings: Sequence[str], search_paths
     gin.parse_config_files_and_bindings(list(gin_files), list(bindings), finalize_config=True)
 
 
+def parse_run_config(model_dir: str | os.PathLike, *, gin_args: Sequence[str] = (), missing: str) -> None:
+    """Parses the gin config a training run wrote (`model_dir/config.gin`), then `gin_args` (`--gin_file=...`,
+    `--gin.KEY=VALUE`) on top, replacing any parsed config; `missing` says what to do when there is none."""
+    config = pathlib.Path(model_dir) / "config.gin"
+    if not config.is_file():
+        raise FileNotFoundError(f"{config} is missing: {missing}")
+    parsed, gin_files, bindings = parse_args(list(gin_args), description=f"gin overrides of {config}")
+    gin.clear_config()
+    parse_gin(gin_files=[str(config), *gin_files], bindings=bindings, search_paths=parsed.gin_search_path)
+
+
 def initialize_distributed() -> None:
     """Multi-host start-up before any other JAX call, with the gin bindings of
     `partitioning.initialize_distributed` (coordinator address, process count and id; auto-detected when unset)."""

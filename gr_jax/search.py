@@ -8,7 +8,6 @@ every later query reuses it.
 from __future__ import annotations
 
 import argparse
-import pathlib
 import sys
 import time
 from collections.abc import Iterable, Sequence
@@ -26,12 +25,7 @@ from gr_jax.retrievers.generative import GenerativeRetriever
 
 def restore_run(model_dir: str, *, gin_args: Sequence[str] = ()) -> Built:
     """The run of `model_dir`, rebuilt from its `config.gin` with `gin_args` (`--gin.KEY=VALUE`, `--gin_file`)."""
-    config = pathlib.Path(model_dir) / "config.gin"
-    if not config.exists():
-        raise FileNotFoundError(f"{config} is missing: is {model_dir} a gr_jax training directory?")
-    parsed, gin_files, bindings = gin_utils.parse_args(list(gin_args), description=__doc__)
-    gin.clear_config()
-    gin_utils.parse_gin(gin_files=[str(config), *gin_files], bindings=bindings, search_paths=parsed.gin_search_path)
+    gin_utils.parse_run_config(model_dir, gin_args=gin_args, missing=f"is {model_dir} a gr_jax training directory?")
     return gin.get_configurable(Experiment)().build()
 
 
@@ -64,14 +58,13 @@ def answer_stream(lines: Iterable[str], *, retriever: GenerativeRetriever, built
         query = line.strip()
         if not query:
             continue
-        compilations = retriever.compilations
         start = time.perf_counter()
         ranking = retriever.rank([query], k=top_k)
         latencies.append(time.perf_counter() - start)
         print_results([query], ranking, built=built, documents=documents)
-        compiled = retriever.compilations - compilations
-        print(f"latency: {1000 * latencies[-1]:.1f} ms"
-              + (f" (compiled decoding: {1000 * ranking.compile_seconds:.0f} ms)" if compiled else ""), flush=True)
+        print(f"latency: {1000 * latencies[-1]:.1f} ms" + (
+            f" (compiled decoding: {1000 * ranking.compile_seconds:.0f} ms)" if ranking.compile_seconds else ""),
+            flush=True)
     return latencies
 
 

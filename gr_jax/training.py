@@ -24,7 +24,9 @@ from gr_jax.actions import (Action, EvaluateRetrieval, SaveCheckpoint, SelectMod
                             TrainingProgress, TrainingRun, WriteTrainMetrics)
 from gr_jax.data import pipeline
 from gr_jax.evaluation import write_trec_run
+from gr_jax.evaluator import RetrievalEvaluator
 from gr_jax.experiment import Built, Experiment
+from gr_jax.retrievers.generative import GenerativeRetriever
 from gr_jax.trainer import summarize_metrics
 
 logger = logging.getLogger(__name__)
@@ -59,18 +61,27 @@ class EvalConfig:
         if self.patience is not None and (self.select_split is None or self.patience < 1):
             raise ValueError(f"patience={self.patience} needs a select_split and must be >= 1")
 
-    def actions(self, built: Built) -> list[Action]:
-        """The evaluation actions of a run: none, the eval split's, or model selection and the final evaluation."""
+    def retriever(self, built: Built, params: Any = None, *, show_progress: bool = False) -> GenerativeRetriever:
+        """The run's model as a retriever with these decoding settings."""
+        return built.retriever(params, batch_size=self.batch_size, num_beams=self.num_beams,
+                               constrained=self.constrained, show_progress=show_progress)
+
+    def evaluator(self, built: Built, split: str) -> RetrievalEvaluator:
+        """The split's first `max_queries` queries, ranked `num_beams` deep."""
+        return built.evaluator(split=split, k=self.num_beams, max_queries=self.max_queries)
+
+    def actions(self, built: Built, *, show_progress: bool = False) -> list[Action]:
+        """The evaluation actions of a run: none, the eval split's, or model selection and the final evaluation,
+        sharing one retriever (one trie, one compiled decoding)."""
         if self.every_steps < 0:
             return []
+        retriever = self.retriever(built, show_progress=show_progress)
         split = built.experiment.dataset.eval_split
-        final = EvaluateRetrieval(evaluator=built.evaluator(split=split, k=self.num_beams,
-                                                            max_queries=self.max_queries),
-                                  split=split, every_steps=0 if self.select_split else self.every_steps)
+        final = EvaluateRetrieval(retriever=retriever, evaluator=self.evaluator(built, split), split=split,
+                                  every_steps=0 if self.select_split else self.every_steps)
         if self.select_split is None:
             return [final]
-        select = SelectModel(evaluator=built.evaluator(split=self.select_split, k=self.num_beams,
-                                                       max_queries=self.max_queries),
+        select = SelectModel(retriever=retriever, evaluator=self.evaluator(built, self.select_split),
                              split=self.select_split, metric=self.select_metric, every_steps=self.every_steps,
                              patience=self.patience)
         return [select, final]
@@ -177,16 +188,12 @@ def train(*, experiment: Experiment, num_train_steps: int, checkpoint_every_step
     if gin_config_str:
         (model_dir / "config.gin").write_text(gin_config_str)
     state, start_batch = initial_state(built)
-    run = TrainingRun(built=built, model_dir=model_dir, writer=metric_writers.create_writer(model_dir),
-                      start_step=int(jax.device_get(state.step)), start_batch=start_batch, seed=experiment.seed)
+    run = TrainingRun(built=built, writer=metric_writers.create_writer(model_dir),
+                      start_step=int(jax.device_get(state.step)), start_batch=start_batch)
     if gin_config_str and run.start_step == 0:
         run.writer.write_texts(0, {"config": gin_config_str})
-    evaluation = eval_config.actions(built)
-    if evaluation:
-        run.retriever = built.retriever(batch_size=eval_config.batch_size, num_beams=eval_config.num_beams,
-                                        constrained=eval_config.constrained, show_progress=progress)
     all_actions = [StopOnNonFiniteLoss(), WriteTrainMetrics(), SaveCheckpoint(every_steps=checkpoint_every_steps),
-                   *evaluation, *actions]
+                   *eval_config.actions(built, show_progress=progress), *actions]
     _, report = training_loop(run=run, state=state, num_train_steps=num_train_steps, actions=all_actions,
                               report_every_steps=log_every_steps, progress=progress)
     (model_dir / "final_metrics.json").write_text(json.dumps(report, indent=1))
@@ -199,10 +206,8 @@ def evaluate(*, experiment: Experiment, eval_config: EvalConfig = EvalConfig(), 
     built = experiment.build()
     params, step = built.restore_params(step)
     split = split or experiment.dataset.eval_split
-    retriever = built.retriever(params, batch_size=eval_config.batch_size, num_beams=eval_config.num_beams,
-                                constrained=eval_config.constrained, show_progress=progress)
-    evaluator = built.evaluator(split=split, k=eval_config.num_beams, max_queries=eval_config.max_queries)
-    metrics, run = evaluator.evaluate(retriever)
+    metrics, run = eval_config.evaluator(built, split).evaluate(
+        eval_config.retriever(built, params, show_progress=progress))
     model_dir = pathlib.Path(experiment.model_dir)
     write_trec_run(model_dir / f"run.{split}.{step}.trec", run, tag=f"gr_jax-{step}")
     (model_dir / f"eval.{split}.{step}.json").write_text(json.dumps(metrics, indent=1))

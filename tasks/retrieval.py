@@ -43,13 +43,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import logging
 import os
 import pathlib
 import re
 from collections.abc import Callable, Mapping, Sequence
 
+import numpy as np
 import seqio
 import tensorflow as tf
 
@@ -205,7 +205,6 @@ class _Registration:
 
     data_dir: str
     vocabulary_path: str
-    docid_table: str  # digest of the docid space's table: another table gives the task names another meaning
     target_length: int
     options: RepresentationOptions
     mixing_rates: tuple[tuple[str, float], ...] | None
@@ -216,7 +215,14 @@ class _Registration:
 @dataclasses.dataclass(frozen=True)
 class _Registered:
     registration: _Registration
+    table: DocidTable  # The targets: another table gives the task names another meaning.
     names: tuple[str, ...]  # The providers it added.
+
+    def means(self, registration: _Registration, table: DocidTable) -> bool:
+        """Whether registering `registration` with `table` would mean the same tasks (the tables compared only when
+        they are not the same object: a run registers its one DocidSpace)."""
+        return registration == self.registration and (table is self.table or (
+            table.docids == self.table.docids and np.array_equal(table.tokens, self.table.tokens)))
 
 
 # What each registered (name, docid scheme) means, so that the same names are never registered with another
@@ -230,13 +236,6 @@ def _representations_of(rows: Sequence[str] | None) -> frozenset[str] | None:
     if rows is None:
         return None
     return frozenset(r for row in rows for r in MIXTURE_ROWS.get(row, (row,)))
-
-
-def _digest(table: DocidTable) -> str:
-    """What the table holds, in a few hundred ms for MS MARCO's 8.8M docids (one join, two hashes)."""
-    digest = hashlib.sha1(table.tokens.tobytes())
-    digest.update("\t".join(table.docids).encode())
-    return digest.hexdigest()
 
 
 def _span_corruption_sentinels(*, input_length: int, target_length: int) -> int:
@@ -323,8 +322,7 @@ def register_dataset(
         d2q_queries_per_passage=d2q_queries_per_passage, d2q_selection=d2q_selection, d2q_seed=d2q_seed,
         target_length=target_length, sentinel_start=vocabulary.vocab_size)
     registration = _Registration(
-        data_dir=str(data_dir), vocabulary_path=str(vocabulary_path), docid_table=_digest(docid_space.table),
-        target_length=target_length, options=options,
+        data_dir=str(data_dir), vocabulary_path=str(vocabulary_path), target_length=target_length, options=options,
         shuffle_buffer_size=shuffle_buffer_size, cache_in_memory=bool(cache_in_memory),
         mixing_rates=None if mixing_rates is None else tuple(sorted((k, float(v)) for k, v in mixing_rates.items())))
     if docid_space.text_vocab_size != vocabulary.vocab_size:
@@ -336,10 +334,10 @@ def register_dataset(
                          f"(build it with tasks.load_docid_space and the same input and target lengths)")
     previous = _REGISTRATIONS.get((name, docid_scheme))
     if previous is not None:
-        if previous.registration != registration:
+        if not previous.means(registration, docid_space.table):
             raise ValueError(f"dataset {name!r} (docid scheme {docid_scheme!r}) is already registered with "
-                             f"{previous.registration}; registering it with {registration} would change what its "
-                             f"task names mean. Use another name.")
+                             f"{previous.registration} and its docid table; registering it with {registration} and "
+                             f"this docid table would change what its task names mean. Use another name.")
         _unregister(previous.names)
         del _REGISTRATIONS[(name, docid_scheme)]
 
@@ -358,7 +356,7 @@ def register_dataset(
     except BaseException:
         _unregister(names)
         raise
-    _REGISTRATIONS[(name, docid_scheme)] = _Registered(registration=registration, names=tuple(names))
+    _REGISTRATIONS[(name, docid_scheme)] = _Registered(registration=registration, table=table, names=tuple(names))
     return names
 
 

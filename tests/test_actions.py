@@ -60,9 +60,9 @@ class ScoreTableRetriever:
 
 def _run(tmp_path, *, start_step=0, start_batch=0):
     built = types.SimpleNamespace(checkpointer=FakeCheckpointer(),
-                                  trainer=types.SimpleNamespace(abstract_state=types.SimpleNamespace(params=None)))
-    return actions.TrainingRun(built=built, model_dir=tmp_path, writer=FakeWriter(), start_step=start_step,
-                               start_batch=start_batch, seed=7, retriever=ScoreTableRetriever())
+                                  trainer=types.SimpleNamespace(abstract_state=types.SimpleNamespace(params=None)),
+                                  experiment=types.SimpleNamespace(model_dir=str(tmp_path), seed=7))
+    return actions.TrainingRun(built=built, writer=FakeWriter(), start_step=start_step, start_batch=start_batch)
 
 
 def _progress(step, *, summary=None, last=False, params=None):
@@ -111,7 +111,8 @@ QRELS = {"q1": {"d2": 1}, "q2": {"d3": 1}}
 
 def test_evaluate_retrieval_periodically_and_at_the_end_with_the_reported_params(tmp_path):
     run = _run(tmp_path)
-    evaluate = actions.EvaluateRetrieval(evaluator=RetrievalEvaluator(queries=QUERIES, qrels=QRELS, k=3),
+    evaluate = actions.EvaluateRetrieval(retriever=ScoreTableRetriever(),
+                                         evaluator=RetrievalEvaluator(queries=QUERIES, qrels=QRELS, k=3),
                                          split="dev", every_steps=5)
     assert [s for s in range(1, 16) if evaluate.due(s, last=s == 15)] == [5, 10]  # the last step is `end`'s
     evaluate(run, _progress(5, params={"d1": 3.0, "d2": 2.0, "d3": 1.0}))
@@ -121,7 +122,8 @@ def test_evaluate_retrieval_periodically_and_at_the_end_with_the_reported_params
     run.reported_params = (8, {"d2": 1.0, "d3": 0.5})  # e.g. model selection's best state
     evaluate.end(run, _progress(15, params={"d1": 3.0, "d2": 2.0, "d3": 1.0}))
     assert run.report["eval/MRR@10"] == pytest.approx((1 + 1 / 2) / 2) and (tmp_path / "run.dev.8.trec").exists()
-    assert not actions.EvaluateRetrieval(evaluator=None, split="dev", every_steps=0).due(5, last=False)
+    assert not actions.EvaluateRetrieval(retriever=None, evaluator=None, split="dev", every_steps=0).due(
+        5, last=False)
 
 
 def test_select_model_keeps_the_best_stops_on_patience_and_resumes_stopped(tmp_path, monkeypatch):
@@ -139,7 +141,8 @@ def test_select_model_keeps_the_best_stops_on_patience_and_resumes_stopped(tmp_p
     run = _run(tmp_path)
 
     def select():
-        return actions.SelectModel(evaluator=RetrievalEvaluator(queries=QUERIES, qrels=QRELS, k=3), split="valid",
+        return actions.SelectModel(retriever=ScoreTableRetriever(),
+                                   evaluator=RetrievalEvaluator(queries=QUERIES, qrels=QRELS, k=3), split="valid",
                                    metric="MRR@10", every_steps=2, patience=2)
 
     action = select()
@@ -158,7 +161,7 @@ def test_select_model_keeps_the_best_stops_on_patience_and_resumes_stopped(tmp_p
     # A run resumed from its step-8 checkpoint has nothing left to train.
     assert select().start(_run(tmp_path, start_step=8)) is True
     with pytest.raises(ValueError, match="needs periodic evaluation"):
-        actions.SelectModel(evaluator=None, split="valid", metric="MRR@10", every_steps=0)
+        actions.SelectModel(retriever=None, evaluator=None, split="valid", metric="MRR@10", every_steps=0)
 
 
 class StopAt(actions.Action):
@@ -191,6 +194,7 @@ def test_the_loop_reports_to_actions_and_stops_when_one_says_so(tmp_path, monkey
     experiment = types.SimpleNamespace(batch_size=4, seed=0, dataset=types.SimpleNamespace(
         mixture_name="m", input_length=3, target_length=2))
     run = _run(tmp_path, start_step=2, start_batch=2)
+    experiment.model_dir = run.built.experiment.model_dir
     run.built.experiment, run.built.trainer = experiment, FakeTrainer()
     plugged = StopAt(every_steps=3, step=9)
     writer = actions.WriteTrainMetrics()

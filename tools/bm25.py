@@ -128,16 +128,16 @@ def evaluate(*, data_dir: str, split: str, d2q_file: str | None = None, run_file
         docids_in_order = [docid for docid, _ in dataset.collection()]
         expansions = read_d2q_file(d2q_file, docids_in_order=docids_in_order)
     qrels = dataset.qrels(split)
-    docids: list[str] = []
+    docids: set[str] = set()
 
     def documents():
         for docid, text in dataset.collection():
-            docids.append(docid)
+            docids.add(docid)
             yield docid, text
 
     run = bm25_run(documents=documents(), queries=dataset.queries(split), k=k, k1=k1, b=b, expansions=expansions,
                    show_progress=sys.stderr.isatty())
-    dataset.check_qrels(split, docids=set(docids))
+    dataset.check_qrels(split, docids=docids, qrels=qrels)
     if run_file is not None:
         write_trec_run(run_file, run, tag=system_name(d2q_file))
     return retrieval_metrics(run=scored_to_ranked(run), qrels=qrels)

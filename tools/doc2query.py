@@ -66,8 +66,9 @@ def validation_loss(*, experiment: Experiment, step: Optional[int] = None) -> di
     import seqio
 
     from gr_jax.data import pipeline
+
     built = experiment.build()
-    state, _ = built.restore(step)
+    params, step = built.restore_params(step)
     dataset = experiment.dataset
     if "validation" not in seqio.get_mixture_or_task(dataset.mixture_name).splits:
         return {}
@@ -75,9 +76,9 @@ def validation_loss(*, experiment: Experiment, step: Optional[int] = None) -> di
                                     input_length=dataset.input_length, target_length=dataset.target_length,
                                     split="validation")
     features = ({k: v for k, v in batch.items() if k != pipeline.EXAMPLE_MASK} for batch in batches)
-    metrics = built.trainer.evaluate_loss(state.params, features)
+    metrics = built.trainer.evaluate_loss(params, features)
     metrics["perplexity"] = math.exp(min(metrics["loss"], 50.0))
-    metrics["step"] = int(jax.device_get(state.step))
+    metrics["step"] = step
     return metrics
 
 
@@ -209,20 +210,15 @@ def restore_sampler(*, model_dir: str | os.PathLike, num_queries: int, documents
                     step: Optional[int] = None, gin_args: Sequence[str] = ()) -> QuerySampler:
     """A QuerySampler of the checkpoint in `model_dir` (latest, or `step`), rebuilt from `model_dir/config.gin`
     with `gin_args` (`--gin.KEY=VALUE`, `--gin_file=...`) applied on top."""
-    config = pathlib.Path(model_dir) / "config.gin"
-    if not config.is_file():
-        raise FileNotFoundError(f"{config} is missing: train first (python -m gr_jax.tools.doc2query train "
-                                f"--data_dir DIR --model_dir {model_dir})")
-    parsed, gin_files, bindings = gin_utils.parse_args(list(gin_args), description=__doc__)
-    gin.clear_config()
-    gin_utils.parse_gin(gin_files=[str(config), *gin_files], bindings=bindings, search_paths=parsed.gin_search_path)
+    gin_utils.parse_run_config(model_dir, gin_args=gin_args, missing=f"train first (python -m gr_jax.tools.doc2query "
+                               f"train --data_dir DIR --model_dir {model_dir})")
     experiment = gin.get_configurable(Experiment)()
     if not isinstance(experiment.dataset, Doc2QueryData):
-        raise ValueError(f"{config} trains {experiment.dataset.mixture_name!r}, not a doc2query task: "
-                         f"{model_dir} is a retrieval model")
+        raise ValueError(f"{pathlib.Path(model_dir) / 'config.gin'} trains {experiment.dataset.mixture_name!r}, not a "
+                         f"doc2query task: {model_dir} is a retrieval model")
     built = experiment.build()
-    state, _ = built.restore(step)
-    return QuerySampler(built=built, params=state.params, checkpoint_step=int(jax.device_get(state.step)),
+    params, checkpoint_step = built.restore_params(step)
+    return QuerySampler(built=built, params=params, checkpoint_step=checkpoint_step,
                         num_queries=num_queries, documents_per_batch=documents_per_batch, top_k=top_k,
                         temperature=temperature, seed=seed, max_query_length=max_query_length)
 

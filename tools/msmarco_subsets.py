@@ -416,7 +416,8 @@ def format_table(summary: Mapping) -> str:
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m gr_jax.tools.msmarco_subsets", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m gr_jax.tools.msmarco_subsets",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--msmarco_dir", required=True,
                         help="directory with the official collection.tsv, queries.{split}.tsv, qrels.{split}.tsv")
     parser.add_argument("--out_dir", required=True, help="each subset is written to OUT_DIR/<name>/")

@@ -28,7 +28,7 @@ import json
 import logging
 import os
 import pathlib
-from collections.abc import Container, Iterable, Iterator, Sequence
+from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
 from typing import Literal
 
 import numpy as np
@@ -309,15 +309,15 @@ class RetrievalDataset:
         return read_qrels(path) if self.layout == "msmarco" else read_beir_qrels(path)
 
     def check_qrels(self, split: str, *, docids: Container[str] | None = None,
-                    qids: Container[str] | None = None) -> int:
-        """Counts the judgements of `split` (of the queries in `qids`, default all) naming documents not in `docids`
-        (a set or any container; default: the collection's ids).
+                    qrels: Mapping[str, Mapping[str, int]] | None = None) -> int:
+        """Counts the judgements of `split` (`qrels` when the caller read them already, e.g. only some queries')
+        naming documents not in `docids` (a set or any container; default: the collection's ids).
 
         Returns the count and logs `N qrels name unknown documents` when it is non-zero: such judgements
         can never be retrieved, so they cap recall; this is worth knowing but not worth failing for.
         """
         known = docids if docids is not None else {docid for docid, _ in self.collection()}
-        qrels = {qid: judged for qid, judged in self.qrels(split).items() if qids is None or qid in qids}
+        qrels = self.qrels(split) if qrels is None else qrels
         unknown = sum(1 for judged in qrels.values() for docid in judged if docid not in known)
         if unknown:
             total = sum(len(judged) for judged in qrels.values())

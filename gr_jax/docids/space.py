@@ -65,9 +65,9 @@ class DocidSpace:
         if text_vocab_size < 1 or reserved_tokens < 0:
             raise ValueError(f"text_vocab_size must be positive and reserved_tokens >= 0, got {text_vocab_size} and "
                              f"{reserved_tokens}")
-        model_vocab_size = max(text_vocab_size + reserved_tokens, int(table.tokens.max(initial=0)) + 1)
-        return cls(table=table, scheme=scheme, text_vocab_size=text_vocab_size, model_vocab_size=model_vocab_size,
-                   docid_token_range=table.token_range())
+        start, stop = table.token_range()  # PAD and EOS are pieces of the vocabulary: only docid tokens may pass it
+        return cls(table=table, scheme=scheme, text_vocab_size=text_vocab_size,
+                   model_vocab_size=max(text_vocab_size + reserved_tokens, stop), docid_token_range=(start, stop))
 
     @functools.cached_property
     def trie(self) -> Trie:
@@ -105,15 +105,19 @@ def load_docid_table(*, dataset: RetrievalDataset, scheme: str, vocabulary: seqi
     """
     definition = get_scheme(scheme)
     path = docid_table_path(dataset.data_dir, scheme)
+
+    def problem(table: DocidTable) -> str | None:
+        return definition.check(table, vocabulary=vocabulary, rows=_checked_rows(table)) if len(table) else None
+
     if definition.prebuilt:
         command = definition.prebuilt_command(dataset.data_dir)
         if not path.is_file():
             raise FileNotFoundError(f"no {scheme} docid table at {path}: {scheme} docids are built offline by "
                                     f"`{command}`")
         table = DocidTable.load(path)
-        problem = definition.check(table, vocabulary=vocabulary, rows=_checked_rows(table)) if len(table) else None
-        if problem is not None:
-            raise ValueError(f"{path}: {problem}; rebuild it with `{command}`")
+        found = problem(table)
+        if found is not None:
+            raise ValueError(f"{path}: {found}; rebuild it with `{command}`")
         if path.stat().st_mtime_ns < dataset.collection_path.stat().st_mtime_ns:
             logger.warning("%s is older than %s: if the collection changed, rebuild it with `%s`", path,
                            dataset.collection_path, command)
@@ -125,11 +129,11 @@ def load_docid_table(*, dataset: RetrievalDataset, scheme: str, vocabulary: seqi
         except (DataFormatError, ValueError) as e:
             logger.warning("rebuilding the unreadable docid cache %s: %s", path, e)
         else:
-            problem = definition.check(table, vocabulary=vocabulary, rows=_checked_rows(table)) if len(table) else None
-            if problem is None:
+            found = problem(table)
+            if found is None:
                 logger.info("docid table %s: %d docids (cached)", path, len(table))
                 return table
-            logger.warning("rebuilding the docid cache %s: %s (%s)", path, problem, vocabulary_path)
+            logger.warning("rebuilding the docid cache %s: %s (%s)", path, found, vocabulary_path)
     table = definition.build(dataset=dataset, vocabulary=vocabulary)
     try:
         table.save(path)

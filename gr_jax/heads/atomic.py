@@ -16,8 +16,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from gr_jax import decoding
-from gr_jax.heads.base import (OutputHead, check_docid_range, fill_docid_range, masked_logits, register_head,
-                               require_docid_range)
+from gr_jax.heads.base import OutputHead, OverDocidTokens, masked_logits, register_head
 from gr_jax.network import EMBED, NEG_INF, VOCAB, Transformer, fan_in_init, logical_param
 from gr_jax.partitioning import DATA_AXIS, MODEL_AXIS
 from gr_jax.vocabulary import EOS_ID, PAD_ID
@@ -29,30 +28,22 @@ COLUMNS_MULTIPLE = 128
 
 
 @register_head("atomic")
-class AtomicHead(OutputHead):
+class AtomicHead(OverDocidTokens, OutputHead):
 
     fresh_param_patterns = (r"atomic_logits_dense",)
     ranks_in_one_pass = True
 
     @classmethod
-    def check_config(cls, config):
-        check_docid_range(config, head="atomic")
-
-    @classmethod
-    def with_docid_range(cls, config, docid_token_range):
-        return fill_docid_range(config, docid_token_range, head="atomic")
-
-    @classmethod
     def columns(cls, config) -> int:
         """Columns of the head: docid_vocab_size padded to a multiple of 128 (padding columns are masked)."""
-        require_docid_range(config, head="atomic")
+        cls.require_docid_range(config)
         return -(-config.docid_vocab_size // COLUMNS_MULTIPLE) * COLUMNS_MULTIPLE
 
     @classmethod
     def logits_vocab_size(cls, config):
         """The decoded token space ends with the docid tokens (decoded sequences are `[docid token, EOS]`)."""
         if config.output_vocab_size is None:
-            require_docid_range(config, head="atomic")
+            cls.require_docid_range(config)
             return config.docid_vocab_start + config.docid_vocab_size
         return config.output_vocab_size
 

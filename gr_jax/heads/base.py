@@ -127,46 +127,50 @@ def masked_logits(logits: Array, allowed: Array) -> Array:
     return nn.with_logical_constraint(logits, (BATCH, LENGTH, VOCAB)[-logits.ndim:])
 
 
-# --- Heads over docid tokens (atomic, PAWA): the id range their output layer covers ----------------------------
+class OverDocidTokens:
+    """Mixin of heads whose output layer covers the docid tokens [docid_vocab_start, docid_vocab_start +
+    docid_vocab_size) (atomic, PAWA): the range's checks, and its filling from the docid space."""
 
+    name_in_registry: ClassVar[str]
 
-def check_docid_range(config: T5Config, *, head: str) -> None:
-    """The docid range fields of a head over docid tokens: both or neither set, ids above EOS, at least one."""
-    if (config.docid_vocab_start is None) != (config.docid_vocab_size is None):
-        raise ValueError(f"decoder_head={head!r}: set both docid_vocab_start and docid_vocab_size, or neither (the "
-                         "model builder fills them from the docid space)")
-    if config.docid_vocab_start is not None:
-        if config.docid_vocab_start <= EOS_ID or config.docid_vocab_size < 1:
-            raise ValueError(f"docid tokens must be ids above EOS={EOS_ID} (docid_vocab_start="
-                             f"{config.docid_vocab_start}) and at least one "
-                             f"(docid_vocab_size={config.docid_vocab_size})")
-        end = config.docid_vocab_start + config.docid_vocab_size
-        if config.output_vocab_size is not None and config.output_vocab_size < end:
-            raise ValueError(f"output_vocab_size={config.output_vocab_size} does not cover the docid tokens "
-                             f"[{config.docid_vocab_start}, {end})")
+    @classmethod
+    def check_config(cls, config: T5Config) -> None:
+        """Both or neither of the range's fields set, ids above EOS, at least one, inside `output_vocab_size`."""
+        if (config.docid_vocab_start is None) != (config.docid_vocab_size is None):
+            raise ValueError(f"decoder_head={cls.name_in_registry!r}: set both docid_vocab_start and docid_vocab_size, "
+                             "or neither (the model builder fills them from the docid space)")
+        if config.docid_vocab_start is not None:
+            if config.docid_vocab_start <= EOS_ID or config.docid_vocab_size < 1:
+                raise ValueError(f"docid tokens must be ids above EOS={EOS_ID} (docid_vocab_start="
+                                 f"{config.docid_vocab_start}) and at least one "
+                                 f"(docid_vocab_size={config.docid_vocab_size})")
+            end = config.docid_vocab_start + config.docid_vocab_size
+            if config.output_vocab_size is not None and config.output_vocab_size < end:
+                raise ValueError(f"output_vocab_size={config.output_vocab_size} does not cover the docid tokens "
+                                 f"[{config.docid_vocab_start}, {end})")
 
+    @classmethod
+    def require_docid_range(cls, config: T5Config) -> None:
+        """Raises unless the docid token range the head's output layer covers is known."""
+        if config.docid_vocab_start is None:
+            raise ValueError(f"decoder_head={cls.name_in_registry!r} needs docid_vocab_start and docid_vocab_size, the "
+                             "id range of the docid tokens its output layer covers: bind them in gin, or let the model "
+                             "builder fill them from the docid space (gr_jax.experiment.build_model)")
 
-def require_docid_range(config: T5Config, *, head: str) -> None:
-    """Raises unless the docid token range the head's output layer covers is known."""
-    if config.docid_vocab_start is None:
-        raise ValueError(f"decoder_head={head!r} needs docid_vocab_start and docid_vocab_size, the id range of the "
-                         "docid tokens its output layer covers: bind them in gin, or let the model builder fill them "
-                         "from the docid space (gr_jax.experiment.build_model)")
-
-
-def fill_docid_range(config: T5Config, docid_token_range: Optional[tuple[int, int]], *, head: str) -> T5Config:
-    """`config` with the docid range of the docid space, or checked against it when gin fixed one."""
-    if docid_token_range is None:
+    @classmethod
+    def with_docid_range(cls, config: T5Config, docid_token_range: Optional[tuple[int, int]]) -> T5Config:
+        """`config` with the docid range of the docid space, or checked against it when gin fixed one."""
+        if docid_token_range is None:
+            return config
+        start, stop = docid_token_range
+        if config.docid_vocab_start is None:
+            return dataclasses.replace(config, docid_vocab_start=start, docid_vocab_size=stop - start)
+        if not config.docid_vocab_start <= start < stop <= config.docid_vocab_start + config.docid_vocab_size:
+            end = config.docid_vocab_start + config.docid_vocab_size
+            raise ValueError(f"the docid tokens [{start}, {stop}) are outside the {cls.name_in_registry} head's "
+                             f"range [{config.docid_vocab_start}, {end}) set in gin (DOCID_VOCAB_START, "
+                             "DOCID_VOCAB_SIZE); leave those unset to fill them from the docid space")
         return config
-    start, stop = docid_token_range
-    if config.docid_vocab_start is None:
-        return dataclasses.replace(config, docid_vocab_start=start, docid_vocab_size=stop - start)
-    if not config.docid_vocab_start <= start < stop <= config.docid_vocab_start + config.docid_vocab_size:
-        raise ValueError(f"the docid tokens [{start}, {stop}) are outside the {head} head's range "
-                         f"[{config.docid_vocab_start}, {config.docid_vocab_start + config.docid_vocab_size}) set in "
-                         "gin (DOCID_VOCAB_START, DOCID_VOCAB_SIZE); leave those unset to fill them from the docid "
-                         "space")
-    return config
 
 
 HEADS: dict[str, type[OutputHead]] = {}

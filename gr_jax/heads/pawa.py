@@ -13,8 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from gr_jax.heads.base import (check_docid_range, fill_docid_range, masked_logits, register_head,
-                               require_docid_range)
+from gr_jax.heads.base import OverDocidTokens, masked_logits, register_head
 from gr_jax.heads.standard import StandardHead
 from gr_jax.network import (EMBED, MLP, DecoderLayer, RelativePositionBias, RMSNorm, T5Config, fan_in_init,
                             logical_param, teacher_forced_stack)
@@ -24,7 +23,7 @@ Array = jax.Array
 
 
 @register_head("pawa")
-class PawaHead(StandardHead):
+class PawaHead(OverDocidTokens, StandardHead):
     """`logits_dense` (shared with the standard head, so a pretrained lm_head fills it) mixed per position by the
     PAWA stack's generated matrices, restricted to EOS and the docid tokens."""
 
@@ -34,11 +33,7 @@ class PawaHead(StandardHead):
     def check_config(cls, config):
         if config.pawa_num_layers is not None and config.pawa_num_layers < 1:
             raise ValueError(f"pawa_num_layers must be >= 1, got {config.pawa_num_layers}")
-        check_docid_range(config, head="pawa")
-
-    @classmethod
-    def with_docid_range(cls, config, docid_token_range):
-        return fill_docid_range(config, docid_token_range, head="pawa")
+        super().check_config(config)
 
     @classmethod
     def num_layers(cls, config: T5Config) -> int:
@@ -51,7 +46,7 @@ class PawaHead(StandardHead):
 
     def setup(self):
         cfg = self.config
-        require_docid_range(cfg, head="pawa")
+        self.require_docid_range(cfg)
         super().setup()
         end = cfg.docid_vocab_start + cfg.docid_vocab_size
         if end > min(cfg.vocab_size, self.logits_vocab_size(cfg)):

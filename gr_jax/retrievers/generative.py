@@ -63,7 +63,7 @@ class GenerativeRetriever:
                  show_progress: bool = False):
         if batch_size < 1 or (num_beams is not None and num_beams < 1):
             raise ValueError(f"batch_size and num_beams must be positive, got {batch_size} and {num_beams}")
-        largest = int(docid_space.table.tokens.max(initial=0))
+        largest = docid_space.docid_token_range[1] - 1
         if largest >= model.config.logits_vocab_size:
             raise ValueError(f"the docid table holds token id {largest} >= vocab_size {model.config.logits_vocab_size} "
                              "of the model's output: it cannot decode every docid (build the model from this docid "
@@ -88,7 +88,6 @@ class GenerativeRetriever:
         self.show_progress = show_progress
         self.batch_sharding = partitioning.batch_sharding(mesh)
         self._compiled: dict[int, Any] = {}  # num_beams -> executable; shared by `with_params` copies
-        self.compilations = 0
 
     def with_params(self, params: Any) -> GenerativeRetriever:
         """The same retriever (and its compiled decoding) for other parameters of the same shapes."""
@@ -121,7 +120,6 @@ class GenerativeRetriever:
                           out_shardings=self.batch_sharding)
         executable = predict.lower(params, tokens, self.trie).compile()
         self._compiled[num_beams] = executable
-        self.compilations += 1
         return executable, time.perf_counter() - start
 
     def rank(self, queries: Sequence[str], *, k: int) -> Ranking:

@@ -53,7 +53,8 @@ def run(*, n: int, dim: int, k: int, c: int, seed: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m gr_jax.tools.bench.semantic_ids", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m gr_jax.tools.bench.semantic_ids",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=1_000_000, help="number of documents (default: 1,000,000)")
     parser.add_argument("--dim", type=int, default=384, help="embedding width (default: 384, MiniLM's)")
     parser.add_argument("--k", type=int, default=10, help="clusters per level (default: 10)")

@@ -1,6 +1,7 @@
 """Train-step throughput as a fraction of the machine's matmul throughput, measured in one process.
 
-python -m gr_jax.tools.bench.train_step --config gin_configs/models/t5_1_1/small.gin [--batch 64 --inputs 32 --targets 8]
+python -m gr_jax.tools.bench.train_step --config gin_configs/models/t5_1_1/small.gin \
+    [--batch 64 --inputs 32 --targets 8]
 
 Prints one JSON line: steps/s, tokens/s, model FLOP/s (XLA's cost analysis of the compiled train step divided by
 its median time), a float32 matmul probe's FLOP/s, and their ratio. Step and probe are timed alternately so that
