@@ -366,3 +366,42 @@ def sample(
     )
     state = jax.lax.while_loop(keep_sampling, sample_step, state)
     return SampleResult(sequences=state.sequences, log_probs=state.log_probs)
+
+
+class SequenceScores(NamedTuple):
+    log_probs: jax.Array  # float32[rows]: the model's log-likelihood of each sequence (full-vocabulary softmax)
+    trie_log_probs: jax.Array  # float32[rows]: the same with each step's softmax over the trie's allowed tokens only
+
+
+def score_sequences(*, step_fn: StepFn, cache: Any, sequences: jax.Array, trie: Trie) -> SequenceScores:
+    """Teacher-forced log-likelihoods of given docid sequences, decoded step by step as beam search decodes them.
+
+    sequences: int32[rows, length], EOS-terminated (PAD after; an all-PAD row scores 0). `trie_log_probs` renormalises
+    every step over the trie's children of the prefix (`gr_vs_dense_limitations.txt` App. C: the constrained model's
+    distribution over valid docids sums to 1), so exp(trie_log_probs) is the probability the trie-constrained model
+    gives the docid; a sequence that is no docid gets NaN there. Jittable.
+    """
+    rows, length = sequences.shape
+    _check_cache(cache, rows=rows, rows_are="the number of sequences")
+
+    def step(carry, position):
+        cache, states, total, trie_total = carry
+        previous = jnp.where(position == 0, PAD_ID, sequences[:, jnp.maximum(position - 1, 0)])
+        logits, log_normalizer, cache = _call_step_fn(step_fn, previous, position, cache)
+        token = sequences[:, position]
+        live = (position == 0) | (previous != EOS_ID) & (previous != PAD_ID)
+        live &= token != PAD_ID
+        token_logit = jnp.take_along_axis(logits, token[:, None], axis=1)[:, 0]
+        children, _, valid = trie.children(states, width=trie.max_fanout)
+        allowed = jnp.where(valid, jnp.take_along_axis(logits, children, axis=1), -jnp.inf)
+        on_trie = jnp.any(valid & (children == token[:, None]), axis=1)
+        trie_step = jnp.where(on_trie, token_logit - jax.nn.logsumexp(allowed, axis=1), jnp.nan)
+        total = total + jnp.where(live, token_logit - log_normalizer[:, 0], 0.0)
+        trie_total = trie_total + jnp.where(live, trie_step, 0.0)
+        states = jnp.where(live, trie.next_states(states, token), states)
+        return (cache, states, total, trie_total), None
+
+    zeros = jnp.zeros((rows,), jnp.float32)
+    (_, _, total, trie_total), _ = jax.lax.scan(step, (cache, trie.root_states(rows), zeros, zeros),
+                                                jnp.arange(length))
+    return SequenceScores(log_probs=total, trie_log_probs=trie_total)

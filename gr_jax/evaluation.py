@@ -113,6 +113,27 @@ def retrieval_metrics(
     return metrics
 
 
+def brier_score(*, run: Run, qrels: Qrels, probabilities: Mapping[str, float]) -> float:
+    """Mean over the qrels queries of (p - y)^2, p the probability given to the query's rank-1 document and y = 1
+    when that document is relevant (`gr_vs_dense_limitations.txt` Sec. 4.1; lower is better). A query with an
+    empty ranking (or no probability) has no rank-1 document: it counts as p = 0 for an irrelevant one (0), so a
+    retriever cannot gain by returning nothing only when it has nothing right to return."""
+    qids = list(qrels)
+    if not qids:
+        raise ValueError("qrels is empty: there is no query to evaluate")
+    total = 0.0
+    for qid in qids:
+        ranking = ranked_docids(run.get(qid, ()))
+        p = probabilities.get(qid, math.nan)
+        if not ranking or math.isnan(p):
+            continue
+        if not 0.0 <= p <= 1.0 + 1e-6:
+            raise ValueError(f"query {qid!r}: probability {p} is not in [0, 1]")
+        relevant = qrels[qid].get(ranking[0], 0) >= 1
+        total += (min(p, 1.0) - float(relevant)) ** 2
+    return total / len(qids)
+
+
 def _check_trec_field(value: str, *, what: str) -> None:
     if not isinstance(value, str) or not value or any(ch.isspace() for ch in value):
         raise ValueError(f"{what} {value!r} is not a non-empty string without whitespace: not writable as TREC")

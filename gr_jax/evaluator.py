@@ -2,7 +2,7 @@
 retriever it is given (`gr_jax.retrievers.Retriever`: a generative model, a dense one, a hybrid).
 
 The metrics are `gr_jax.evaluation.retrieval_metrics` (MRR@10, Recall@k, invalid top-1 docids) of the retriever's
-top `k`, plus its speed: queries_per_second (ranking only, compilation excluded) and compile_seconds.
+top `k`, the Brier score of each rank-1 probability the retriever reports (`Brier/{definition}`), plus its speed: queries_per_second (ranking only, compilation excluded) and compile_seconds.
 """
 from __future__ import annotations
 
@@ -53,6 +53,9 @@ class RetrievalEvaluator:
         run = ranking.run(self.qids)
         metrics = evaluation.retrieval_metrics(run=run, qrels=self.qrels,
                                                valid_docids=_AllDocidsBut(ranking.invalid))
+        for name, probabilities in ranking.top1_probability.items():
+            metrics[f"Brier/{name}"] = evaluation.brier_score(
+                run=run, qrels=self.qrels, probabilities=dict(zip(self.qids, probabilities)))
         metrics = dict(metrics, queries_per_second=len(self.qids) / max(ranking.seconds, 1e-9),
                        compile_seconds=ranking.compile_seconds)
         return metrics, run

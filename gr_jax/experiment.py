@@ -7,10 +7,13 @@ and hands that value to task registration, the model builder and the retriever.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import pathlib
-from collections.abc import Callable
+from collections.abc import Callable, Container, Iterator, Sequence
 from typing import Any, Optional, Protocol
 
+import jax
+import numpy as np
 import optax
 
 from gr_jax import checkpoints
@@ -18,6 +21,7 @@ from gr_jax import losses
 from gr_jax import network
 from gr_jax import optimizers
 from gr_jax import partitioning
+from gr_jax import warm_start
 from gr_jax.data.readers import open_dataset
 from gr_jax.docids import DocidSpace
 from gr_jax.evaluator import RetrievalEvaluator
@@ -25,6 +29,8 @@ from gr_jax.models import EncoderDecoderModel
 from gr_jax.retrievers.generative import GenerativeRetriever
 from gr_jax.trainer import Trainer
 from gr_jax.vocabulary import MODEL_FILENAME, load_vocabulary
+
+logger = logging.getLogger(__name__)
 
 
 class RunData(Protocol):
@@ -171,14 +177,25 @@ class Experiment:
                      trainer=trainer, checkpointer=checkpointer)
 
 
-@dataclasses.dataclass
-class Built:
-    """An Experiment's live objects."""
-    experiment: Experiment
-    vocabulary: Any
-    docid_space: Optional[DocidSpace]
-    model: EncoderDecoderModel
-    mesh: Any
+class RetrievalSettings(Protocol):
+    """How a run's model ranks when it is evaluated or searched (`gr_jax.training.EvalConfig` is one): a retriever
+    reads the fields it needs. batch_size: queries at once; num_beams / constrained: a generative model's beam
+    search; depth: how many documents a ranking holds."""
+    batch_size: int
+    num_beams: int
+    constrained: bool
+
+    @property
+    def depth(self) -> int: ...
+
+
+class BuiltRun:
+    """What every built run has (a generative `Built`, a dense `gr_jax.dense.experiment.DenseBuilt`): its
+    checkpoints, and evaluators over its data. A subclass adds the model's own parts: `init_state` (a fresh state,
+    with pretrained weights where the run starts from some), `train_batches`, `tokens_per_batch`, `retriever` and
+    `collection_rows`."""
+
+    experiment: Any
     trainer: Trainer
     checkpointer: checkpoints.Checkpointer
 
@@ -199,27 +216,86 @@ class Built:
         step = self._checkpoint_step(step)
         return self.checkpointer.restore_params(step, abstract_params=self.trainer.abstract_state.params), step
 
-    def retriever(self, params: Any = None, *, batch_size: int = 32, num_beams: Optional[int] = None,
-                  constrained: bool = True, show_progress: bool = False) -> GenerativeRetriever:
-        """The model with `params` as a retriever over the run's docid space (its decoding compiled on first use)."""
-        if self.docid_space is None:
-            raise ValueError(f"{self.experiment.dataset.mixture_name!r} has no docids to retrieve (its targets are "
-                             "not docids)")
-        return GenerativeRetriever(model=self.model, params=params, docid_space=self.docid_space,
-                                   vocabulary=self.vocabulary, input_length=self.experiment.dataset.input_length,
-                                   mesh=self.mesh, param_shardings=self.trainer.state_shardings.params,
-                                   batch_size=batch_size, num_beams=num_beams, constrained=constrained,
-                                   rules=self.trainer.rules, show_progress=show_progress)
+    def known_docids(self) -> Optional[Container[str]]:
+        """The documents this run can retrieve (for the qrels check of `evaluator`); None: not checked."""
+        return None
 
     def evaluator(self, *, split: str, k: int, max_queries: Optional[int] = None) -> RetrievalEvaluator:
-        """The split's queries (the first `max_queries`) and qrels; judgements naming documents outside the docid
-        space are counted in a warning (they can never be retrieved, so they cap recall)."""
+        """The split's queries (the first `max_queries`) and qrels; judgements naming documents the run cannot
+        retrieve are counted in a warning (they cap recall)."""
         data = open_dataset(self.experiment.dataset.data_dir)
         queries = list(data.queries(split))
         if max_queries:
             queries = queries[:max_queries]
         qrels = data.qrels(split)
-        if self.docid_space is not None:
-            data.check_qrels(split, docids=self.docid_space.table,
-                             qrels={qid: qrels[qid] for qid, _ in queries if qid in qrels})
+        known = self.known_docids()
+        if known is not None:
+            data.check_qrels(split, docids=known, qrels={qid: qrels[qid] for qid, _ in queries if qid in qrels})
         return RetrievalEvaluator(queries=queries, qrels=qrels, k=k)
+
+
+@dataclasses.dataclass
+class Built(BuiltRun):
+    """A generative Experiment's live objects."""
+    experiment: Experiment
+    vocabulary: Any
+    docid_space: Optional[DocidSpace]
+    model: EncoderDecoderModel
+    mesh: Any
+    trainer: Trainer
+    checkpointer: checkpoints.Checkpointer
+
+    def init_state(self):
+        """A fresh train state, its parameters from `init_checkpoint` when set (a gr_jax run dir: warm start; else a
+        Hugging Face T5.1.1 dir)."""
+        experiment, trainer = self.experiment, self.trainer
+        state = trainer.init_state(jax.random.PRNGKey(experiment.seed))
+        if experiment.init_checkpoint and warm_start.is_run_dir(experiment.init_checkpoint):
+            state = warm_start.initialize_from_run(state=state, trainer=trainer, model_dir=experiment.init_checkpoint)
+            logger.info("initialised from the run %s", experiment.init_checkpoint)
+        elif experiment.init_checkpoint:
+            from gr_jax import pretrained
+            state = pretrained.initialize_from_pretrained(state=state, trainer=trainer,
+                                                          checkpoint_dir=experiment.init_checkpoint)
+            logger.info("initialised from %s", experiment.init_checkpoint)
+        return state
+
+    def train_batches(self, *, start_batch: int) -> Iterator[dict]:
+        """This process's share of the training batches from `start_batch` on (`gr_jax.data.pipeline`)."""
+        from gr_jax.data import pipeline  # TensorFlow: only for runs that train
+        dataset = self.experiment.dataset
+        return pipeline.train_batches(
+            mixture_or_task_name=dataset.mixture_name, batch_size=self.experiment.batch_size,
+            input_length=dataset.input_length, target_length=dataset.target_length, seed=self.experiment.seed,
+            start_batch=start_batch, shard_index=jax.process_index(), num_shards=jax.process_count())
+
+    @property
+    def tokens_per_batch(self) -> int:
+        dataset = self.experiment.dataset
+        return self.experiment.batch_size * (dataset.input_length + dataset.target_length)
+
+    def retriever(self, params: Any = None, *, settings: RetrievalSettings, show_progress: bool = False,
+                  step: Optional[int] = None) -> GenerativeRetriever:
+        """The model with `params` as a retriever over the run's docid space (its decoding compiled on first use),
+        decoding as `settings` say (batch_size, num_beams, constrained). `step`, the checkpoint the params come
+        from, matters to retrievers that keep per-checkpoint state (a dense run's corpus index), not to this one."""
+        del step
+        if self.docid_space is None:
+            raise ValueError(f"{self.experiment.dataset.mixture_name!r} has no docids to retrieve (its targets are "
+                             "not docids)")
+        if settings.depth > settings.num_beams:
+            raise ValueError(f"a ranking {settings.depth} deep needs at least as many beams, got "
+                             f"num_beams={settings.num_beams}")
+        return GenerativeRetriever(model=self.model, params=params, docid_space=self.docid_space,
+                                   vocabulary=self.vocabulary, input_length=self.experiment.dataset.input_length,
+                                   mesh=self.mesh, param_shardings=self.trainer.state_shardings.params,
+                                   batch_size=settings.batch_size, num_beams=settings.num_beams,
+                                   constrained=settings.constrained, rules=self.trainer.rules,
+                                   show_progress=show_progress)
+
+    def known_docids(self) -> Optional[Container[str]]:
+        return None if self.docid_space is None else self.docid_space.table
+
+    def collection_rows(self, docids: Sequence[str]) -> np.ndarray:
+        """Each docid's row in the collection (-1: not a document of the run)."""
+        return self.docid_space.table.rows_of(docids)

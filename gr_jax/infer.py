@@ -21,7 +21,7 @@ def main(argv=None) -> None:
     parser.add_argument("--model_dir", required=True)
     parser.add_argument("--queries", required=True, help="qid \\t query lines")
     parser.add_argument("--output", required=True, help="TREC run file to write")
-    parser.add_argument("--num_beams", type=int, default=40)
+    parser.add_argument("--num_beams", type=int, default=40, help="beams of a generative model's search")
     parser.add_argument("--top_k", type=int, default=None, help="documents per query (default: --num_beams)")
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--unconstrained", action="store_true", help="decode without the docid trie")
@@ -30,10 +30,12 @@ def main(argv=None) -> None:
 
     def body() -> None:
         queries = list(read_queries(args.queries))
-        _, retriever = search.restore_retriever(args.model_dir, gin_args=rest, num_beams=args.num_beams,
-                                                constrained=not args.unconstrained, batch_size=args.batch_size,
+        from gr_jax.training import EvalConfig
+        settings = EvalConfig(num_beams=args.num_beams, constrained=not args.unconstrained,
+                              batch_size=args.batch_size, ranking_depth=args.top_k)
+        _, retriever = search.restore_retriever(args.model_dir, gin_args=rest, settings=settings,
                                                 show_progress=sys.stderr.isatty())
-        ranking = retriever.rank([text for _, text in queries], k=args.top_k or args.num_beams)
+        ranking = retriever.rank([text for _, text in queries], k=settings.depth)
         evaluation.write_trec_run(args.output, ranking.run([qid for qid, _ in queries]), tag="gr_jax")
         print(f"wrote {len(queries)} rankings to {args.output}")
 

@@ -112,6 +112,16 @@ class EncoderDecoderModel:
                                     num_beams=num_beams, max_decode_len=max_decode_len, trie=trie,
                                     length_penalty=length_penalty)
 
+    def score_docids(self, params, encoder_input_tokens: Array, sequences: Array, *,
+                     trie: Trie) -> decoding.SequenceScores:
+        """Log-likelihoods of one docid sequence int32[batch, length] per query, decoded step by step as the search
+        decodes it, also renormalised over the trie's allowed tokens at every step (`decoding.score_sequences`)."""
+        batch, length = sequences.shape
+        context = self._prefill(params, encoder_input_tokens, length)
+        cache = network.init_cache(self.config, rows=batch, max_decode_len=length)
+        return decoding.score_sequences(step_fn=self._step_fn(params, context), cache=cache, sequences=sequences,
+                                        trie=trie)
+
     def sample_batch(self, params, encoder_input_tokens: Array, *, rng: Array, max_decode_len: int,
                      top_k: int = 10, temperature: float = 1.0,
                      trie: Optional[Trie] = None) -> decoding.SampleResult:

@@ -621,7 +621,7 @@ def mix_vocabulary_rows(*, source: Any, fresh: Any, axis: int, rows: int, shardi
 
 
 def load_pretrained_params(*, checkpoint_dir: PathLike, config: network.T5Config, fresh_params: Any,
-                           shardings: Any, fresh_patterns: Sequence[str] = ()) -> Any:
+                           shardings: Any, fresh_patterns: Sequence[str] = (), encoder_only: bool = False) -> Any:
     """Our parameter tree filled from a Hugging Face T5 checkpoint, each leaf on its `shardings` entry.
 
     checkpoint_dir: `config.json` + `model.safetensors`, or `model.safetensors.index.json` + its shards.
@@ -635,10 +635,15 @@ def load_pretrained_params(*, checkpoint_dir: PathLike, config: network.T5Config
     fresh_patterns: regular expressions (full match) over '/'-joined parameter paths to take from `fresh_params`
       instead of the checkpoint, besides the head's own (`OutputHead.fresh_param_patterns`). A parameter neither
       mapped nor matched is an error.
+    encoder_only: `fresh_params` is the encoder alone (a dual encoder's T5 tower, `gr_jax.dense.towers`): the
+      checkpoint's decoder and output layer are not loaded.
     """
     hf = read_hf_config(checkpoint_dir)
     check_config(hf=hf, config=config)
     sources = hf_tensor_sources(hf=hf, config=config)
+    if encoder_only:
+        sources = {path: source for path, source in sources.items()
+                   if not path.startswith("decoder_") and path != "logits_dense"}
     patterns = [re.compile(p) for p in config.head.fresh_param_patterns + tuple(fresh_patterns)]
 
     params = partitioning.strip_boxes(fresh_params)

@@ -1,9 +1,10 @@
 """Interactive retrieval with a trained model: `gr-jax search --model_dir runs/demo ["query" ...]`.
 
 Rebuilds the run from `model_dir/config.gin`, restores its latest checkpoint, and prints the top-k docids of each
-query with their log-likelihoods and document texts. Without query arguments it reads queries from standard input,
-one per line, and answers each as it arrives with its latency: decoding is compiled once, for the first query, and
-every later query reuses it.
+query with their scores (a generative model's log-likelihoods, a dual encoder's S(q, d)) and document texts.
+Without query arguments it reads queries from standard input, one per line, and answers each as it arrives with its
+latency: decoding (or query encoding) is compiled once, for the first query, and every later query reuses it; a
+dual encoder's corpus index is loaded from, or built into, `model_dir/index/{step}`.
 """
 from __future__ import annotations
 
@@ -18,39 +19,38 @@ import gin
 from gr_jax import entry_point
 from gr_jax import gin_utils
 from gr_jax.data.readers import DocumentLookup, open_dataset
-from gr_jax.experiment import Built, Experiment
-from gr_jax.retrievers import Ranking
-from gr_jax.retrievers.generative import GenerativeRetriever
+from gr_jax.experiment import BuiltRun, RetrievalSettings
+from gr_jax.retrievers import Ranking, Retriever
 
 
-def restore_run(model_dir: str, *, gin_args: Sequence[str] = ()) -> Built:
-    """The run of `model_dir`, rebuilt from its `config.gin` with `gin_args` (`--gin.KEY=VALUE`, `--gin_file`)."""
+def restore_run(model_dir: str, *, gin_args: Sequence[str] = ()) -> BuiltRun:
+    """The run of `model_dir` (generative or dense: its config's `EXPERIMENT`), rebuilt from its `config.gin` with
+    `gin_args` (`--gin.KEY=VALUE`, `--gin_file`)."""
     gin_utils.parse_run_config(model_dir, gin_args=gin_args, missing=f"is {model_dir} a gr_jax training directory?")
-    return gin.get_configurable(Experiment)().build()
+    return gin.query_parameter("%EXPERIMENT").scoped_configurable_fn().build()
 
 
-def restore_retriever(model_dir: str, *, gin_args: Sequence[str] = (), num_beams: Optional[int] = None,
-                      constrained: bool = True, batch_size: int = 8, step: Optional[int] = None,
-                      show_progress: bool = False) -> tuple[Built, GenerativeRetriever]:
-    """The run of `model_dir` and its checkpoint (latest, or `step`) as a retriever."""
+def restore_retriever(model_dir: str, *, gin_args: Sequence[str] = (), settings: RetrievalSettings,
+                      step: Optional[int] = None, show_progress: bool = False) -> tuple[BuiltRun, Retriever]:
+    """The run of `model_dir` and its checkpoint (latest, or `step`) as a retriever ranking as `settings` say
+    (`gr_jax.training.EvalConfig`: batch_size, ranking depth, and for a generative model num_beams and
+    constrained)."""
     built = restore_run(model_dir, gin_args=gin_args)
-    params, _ = built.restore_params(step)
-    return built, built.retriever(params, batch_size=batch_size, num_beams=num_beams, constrained=constrained,
-                                  show_progress=show_progress)
+    params, step = built.restore_params(step)
+    return built, built.retriever(params, settings=settings, show_progress=show_progress, step=step)
 
 
-def print_results(queries: Sequence[str], ranking: Ranking, *, built: Built, documents: DocumentLookup) -> None:
+def print_results(queries: Sequence[str], ranking: Ranking, *, built: BuiltRun, documents: DocumentLookup) -> None:
     """Each query's ranking with its documents' texts (first 100 characters)."""
-    table = built.docid_space.table
     for query, ids, scores in zip(queries, ranking.ids, ranking.scores):
-        rows = table.rows_of(ids)
+        rows = built.collection_rows(ids)
         texts = dict(documents.texts([int(r) for r in rows if r >= 0]))
         print(f"\nquery: {query}")
         for rank, (docid, score) in enumerate(zip(ids, scores), start=1):
             print(f"{rank:3d}. {docid}  {score:8.3f}  {texts.get(docid, '(not a docid of the corpus)')[:100]}")
 
 
-def answer_stream(lines: Iterable[str], *, retriever: GenerativeRetriever, built: Built, documents: DocumentLookup,
+def answer_stream(lines: Iterable[str], *, retriever: Retriever, built: BuiltRun, documents: DocumentLookup,
                   top_k: int) -> list[float]:
     """Answers one query per non-empty line as it arrives; prints its results and latency; returns the latencies."""
     latencies = []
@@ -79,9 +79,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     entry_point.setup()
 
     def body() -> None:
-        built, retriever = restore_retriever(args.model_dir, gin_args=rest, num_beams=args.num_beams,
-                                             constrained=not args.unconstrained,
-                                             batch_size=8 if args.queries else 1)
+        from gr_jax.training import EvalConfig
+        settings = EvalConfig(num_beams=args.num_beams, constrained=not args.unconstrained,
+                              batch_size=8 if args.queries else 1, ranking_depth=args.top_k)
+        built, retriever = restore_retriever(args.model_dir, gin_args=rest, settings=settings)
         documents = DocumentLookup(open_dataset(built.experiment.dataset.data_dir))
         if args.queries:
             print_results(args.queries, retriever.rank(args.queries, k=args.top_k), built=built, documents=documents)

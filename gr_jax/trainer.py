@@ -28,18 +28,20 @@ class TrainState:
     opt_state: Any
 
 
+# Metric sums that become means per unit of `weight` (target tokens for generative losses, queries for dense ones).
+PER_WEIGHT = ("loss", "z_loss", "consistency_loss", "candidates", "log_z_k")
+
+
 def summarize_metrics(sums: Mapping[str, Any]) -> dict[str, float]:
-    """Turns summed step metrics into means: loss per target token, token and docid accuracy."""
+    """Turns summed step metrics into means: the loss and the other `PER_WEIGHT` sums per unit of `weight`, token
+    accuracy (where the loss counts correct tokens) and sequence accuracy (exact docids; for a dual encoder, the
+    queries whose positive beats every candidate)."""
     sums = {k: float(v) for k, v in sums.items()}
     weight = max(sums.get("weight", 0.0), 1.0)
-    out = {
-        "loss": sums["loss"] / weight,
-        "z_loss": sums.get("z_loss", 0.0) / weight,
-        "token_accuracy": sums.get("correct_tokens", 0.0) / weight,
-        "sequence_accuracy": sums.get("correct_sequences", 0.0) / max(sums.get("num_sequences", 0.0), 1.0),
-    }
-    if "consistency_loss" in sums:  # NCI's regulariser (losses.ConsistencyRegularised)
-        out["consistency_loss"] = sums["consistency_loss"] / weight
+    out = {key: sums[key] / weight for key in PER_WEIGHT if key in sums}
+    if "correct_tokens" in sums:
+        out["token_accuracy"] = sums["correct_tokens"] / weight
+    out["sequence_accuracy"] = sums.get("correct_sequences", 0.0) / max(sums.get("num_sequences", 0.0), 1.0)
     for key in ("learning_rate", "grad_norm"):
         if key in sums:
             out[key] = sums[key]

@@ -12,32 +12,41 @@ import logging
 import pathlib
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Optional
+from typing import Any, Optional, Protocol
 
 import jax
 import numpy as np
 import tqdm
 
 from gr_jax import metric_writers
-from gr_jax import warm_start
 from gr_jax.actions import (Action, EvaluateRetrieval, SaveCheckpoint, SelectModel, StopOnNonFiniteLoss,
                             TrainingProgress, TrainingRun, WriteTrainMetrics)
-from gr_jax.data import pipeline
 from gr_jax.evaluation import write_trec_run
 from gr_jax.evaluator import RetrievalEvaluator
-from gr_jax.experiment import Built, Experiment
-from gr_jax.retrievers.generative import GenerativeRetriever
+from gr_jax.experiment import BuiltRun
+from gr_jax.retrievers import Retriever
 from gr_jax.trainer import summarize_metrics
 
 logger = logging.getLogger(__name__)
+
+
+class RunExperiment(Protocol):
+    """What `train` and `evaluate` run: a generative `gr_jax.experiment.Experiment` or a dense
+    `gr_jax.dense.experiment.DenseExperiment` (gin: the `EXPERIMENT` macro of runs/train.gin, dense/train.gin)."""
+    model_dir: str
+    seed: int
+
+    def build(self, *, keep_checkpoints: int = 3) -> BuiltRun: ...
 
 
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
     """Retrieval evaluation during training: every_steps > 0 periodically, 0 only at the end, -1 never.
 
-    num_beams: the beams of the search and the depth of the ranking; batch_size: queries decoded at once;
-    constrained: decode through the docid trie; max_queries: rank only the split's first queries.
+    num_beams: the beams of a generative model's search; depth: how many documents each ranking holds (the metrics'
+    and TREC runs' depth; None: num_beams, since a beam search ranks as deep as its beams); batch_size: queries
+    ranked at once; constrained: decode through the docid trie; max_queries: rank only the split's first queries.
+    A dense retriever reads batch_size and depth only.
 
     Model selection (early stopping on a held-out metric): with `select_split`, the periodic evaluations and
     one at the last step rank that split instead of the eval split; the state with the best `select_metric`
@@ -50,6 +59,7 @@ class EvalConfig:
     constrained: bool = True
     batch_size: int = 32
     max_queries: Optional[int] = None
+    ranking_depth: Optional[int] = None
     select_split: Optional[str] = None
     select_metric: str = "MRR@10"
     patience: Optional[int] = None
@@ -60,17 +70,22 @@ class EvalConfig:
                              f"got every_steps={self.every_steps}")
         if self.patience is not None and (self.select_split is None or self.patience < 1):
             raise ValueError(f"patience={self.patience} needs a select_split and must be >= 1")
+        if self.ranking_depth is not None and self.ranking_depth < 1:
+            raise ValueError(f"ranking_depth must be >= 1 or None, got {self.ranking_depth}")
 
-    def retriever(self, built: Built, params: Any = None, *, show_progress: bool = False) -> GenerativeRetriever:
-        """The run's model as a retriever with these decoding settings."""
-        return built.retriever(params, batch_size=self.batch_size, num_beams=self.num_beams,
-                               constrained=self.constrained, show_progress=show_progress)
+    @property
+    def depth(self) -> int:
+        return self.ranking_depth or self.num_beams
 
-    def evaluator(self, built: Built, split: str) -> RetrievalEvaluator:
-        """The split's first `max_queries` queries, ranked `num_beams` deep."""
-        return built.evaluator(split=split, k=self.num_beams, max_queries=self.max_queries)
+    def retriever(self, built: BuiltRun, params: Any = None, *, show_progress: bool = False) -> Retriever:
+        """The run's model as a retriever with these settings (`Built.retriever`)."""
+        return built.retriever(params, settings=self, show_progress=show_progress)
 
-    def actions(self, built: Built, *, show_progress: bool = False) -> list[Action]:
+    def evaluator(self, built: BuiltRun, split: str) -> RetrievalEvaluator:
+        """The split's first `max_queries` queries, ranked `depth` deep."""
+        return built.evaluator(split=split, k=self.depth, max_queries=self.max_queries)
+
+    def actions(self, built: BuiltRun, *, show_progress: bool = False) -> list[Action]:
         """The evaluation actions of a run: none, the eval split's, or model selection and the final evaluation,
         sharing one retriever (one trie, one compiled decoding)."""
         if self.every_steps < 0:
@@ -87,24 +102,14 @@ class EvalConfig:
         return [select, final]
 
 
-def initial_state(built: Built) -> tuple[Any, int]:
-    """(train state, batches consumed): the latest checkpoint's, or a fresh state (from `init_checkpoint` if set)."""
-    experiment, trainer, checkpointer = built.experiment, built.trainer, built.checkpointer
-    latest = checkpointer.latest_step()
+def initial_state(built: BuiltRun) -> tuple[Any, int]:
+    """(train state, batches consumed): the latest checkpoint's, or a fresh state (`built.init_state()`)."""
+    latest = built.checkpointer.latest_step()
     if latest is not None:
-        state, input_state = checkpointer.restore(latest, abstract_state=trainer.abstract_state)
+        state, input_state = built.checkpointer.restore(latest, abstract_state=built.trainer.abstract_state)
         logger.info("resumed from step %d (batch %d)", latest, input_state["batches_consumed"])
         return state, int(input_state["batches_consumed"])
-    state = trainer.init_state(jax.random.PRNGKey(experiment.seed))
-    if experiment.init_checkpoint and warm_start.is_run_dir(experiment.init_checkpoint):
-        state = warm_start.initialize_from_run(state=state, trainer=trainer, model_dir=experiment.init_checkpoint)
-        logger.info("initialised from the run %s", experiment.init_checkpoint)
-    elif experiment.init_checkpoint:
-        from gr_jax import pretrained
-        state = pretrained.initialize_from_pretrained(state=state, trainer=trainer,
-                                                      checkpoint_dir=experiment.init_checkpoint)
-        logger.info("initialised from %s", experiment.init_checkpoint)
-    return state, 0
+    return built.init_state(), 0
 
 
 def summarize_steps(pending: Sequence[Mapping[str, Any]], *, seconds: float,
@@ -131,12 +136,8 @@ def training_loop(*, run: TrainingRun, state: Any, num_train_steps: int, actions
     with a period is due.
     """
     built, experiment = run.built, run.built.experiment
-    dataset = experiment.dataset
-    batches = pipeline.train_batches(
-        mixture_or_task_name=dataset.mixture_name, batch_size=experiment.batch_size,
-        input_length=dataset.input_length, target_length=dataset.target_length, seed=experiment.seed,
-        start_batch=run.start_batch, shard_index=jax.process_index(), num_shards=jax.process_count())
-    tokens_per_batch = experiment.batch_size * (dataset.input_length + dataset.target_length)
+    batches = built.train_batches(start_batch=run.start_batch)
+    tokens_per_batch = built.tokens_per_batch
     rng = jax.random.PRNGKey(experiment.seed + 1)
     step = run.start_step
     stop = any([action.start(run) for action in actions])  # every action starts, even when one stops the run
@@ -158,7 +159,8 @@ def training_loop(*, run: TrainingRun, state: Any, num_train_steps: int, actions
                                       tokens_per_batch=tokens_per_batch)
             pending, last_report = [], now
             if summary:
-                bar.set_postfix(loss=f"{summary['loss']:.3f}", acc=f"{summary['token_accuracy']:.3f}")
+                bar.set_postfix(loss=f"{summary['loss']:.3f}",
+                                acc=f"{summary.get('token_accuracy', summary['sequence_accuracy']):.3f}")
             report = TrainingProgress(step=step, state=state, summary=summary, last=last)
             for action in due:
                 stop = action(run, report) or stop
@@ -172,7 +174,7 @@ def training_loop(*, run: TrainingRun, state: Any, num_train_steps: int, actions
     return state, run.report
 
 
-def train(*, experiment: Experiment, num_train_steps: int, checkpoint_every_steps: int = 1000,
+def train(*, experiment: RunExperiment, num_train_steps: int, checkpoint_every_steps: int = 1000,
           keep_checkpoints: int = 3, log_every_steps: int = 50, eval_config: EvalConfig = EvalConfig(),
           actions: Sequence[Action] = (), gin_config_str: str = "", progress: bool = True) -> dict[str, float]:
     """Trains until `num_train_steps` (resuming from the experiment's model_dir); returns the final metrics.
@@ -200,14 +202,14 @@ def train(*, experiment: Experiment, num_train_steps: int, checkpoint_every_step
     return report
 
 
-def evaluate(*, experiment: Experiment, eval_config: EvalConfig = EvalConfig(), split: Optional[str] = None,
+def evaluate(*, experiment: RunExperiment, eval_config: EvalConfig = EvalConfig(), split: Optional[str] = None,
              step: Optional[int] = None, progress: bool = True) -> dict[str, float]:
     """Evaluates a checkpoint on a split's queries; writes `run.{split}.{step}.trec` and `eval.{split}.{step}.json`."""
     built = experiment.build()
     params, step = built.restore_params(step)
     split = split or experiment.dataset.eval_split
     metrics, run = eval_config.evaluator(built, split).evaluate(
-        eval_config.retriever(built, params, show_progress=progress))
+        built.retriever(params, settings=eval_config, show_progress=progress, step=step))
     model_dir = pathlib.Path(experiment.model_dir)
     write_trec_run(model_dir / f"run.{split}.{step}.trec", run, tag=f"gr_jax-{step}")
     (model_dir / f"eval.{split}.{step}.json").write_text(json.dumps(metrics, indent=1))

@@ -178,7 +178,7 @@ class StopAt(actions.Action):
         self.ended = progress.step
 
 
-def test_the_loop_reports_to_actions_and_stops_when_one_says_so(tmp_path, monkeypatch):
+def test_the_loop_reports_to_actions_and_stops_when_one_says_so(tmp_path):
     """The flat loop with a fake trainer: reports where an action is due or every `report_every_steps`, stops after
     the step an action asks it to, and ends every action once."""
     steps = []
@@ -190,12 +190,12 @@ def test_the_loop_reports_to_actions_and_stops_when_one_says_so(tmp_path, monkey
                            "num_sequences": 2.0, "learning_rate": 0.1, "grad_norm": 1.0}
 
     from gr_jax import training
-    monkeypatch.setattr(training.pipeline, "train_batches", lambda **kwargs: iter(range(kwargs["start_batch"], 10**6)))
-    experiment = types.SimpleNamespace(batch_size=4, seed=0, dataset=types.SimpleNamespace(
-        mixture_name="m", input_length=3, target_length=2))
+    experiment = types.SimpleNamespace(batch_size=4, seed=0)
     run = _run(tmp_path, start_step=2, start_batch=2)
     experiment.model_dir = run.built.experiment.model_dir
     run.built.experiment, run.built.trainer = experiment, FakeTrainer()
+    run.built.train_batches = lambda *, start_batch: iter(range(start_batch, 10**6))  # batch i is the number i
+    run.built.tokens_per_batch = 20
     plugged = StopAt(every_steps=3, step=9)
     writer = actions.WriteTrainMetrics()
     _, report = training.training_loop(run=run, state=np.zeros(()), num_train_steps=20, report_every_steps=5,

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gr_jax.decoding import beam_search, brevity_penalty, sample
+from gr_jax.decoding import beam_search, brevity_penalty, sample, score_sequences
 from gr_jax.docids.trie import Trie
 
 PAD, EOS = 0, 1
@@ -320,3 +320,26 @@ def test_argument_errors():
                eos_id=3)
     with pytest.raises(ValueError, match="num_beams must be a positive int"):
         beam_search(step_fn=step_fn, cache=cache, batch_size=1, num_beams=0, max_decode_len=4)
+
+
+def test_scored_sequences_are_teacher_forced_and_trie_probabilities_sum_to_one():
+    """`score_sequences`: the full-vocabulary log-likelihood is the teacher-forced one; renormalised over the trie's
+    children at every step, the probabilities of all docids of a query sum to 1 (a distribution over docids), and
+    a sequence that is no docid gets NaN."""
+    rng = np.random.default_rng(5)
+    vocab, queries, max_decode_len = 9, 3, 6
+    rows = docid_rows(rng, num_docids=14, vocab_size=vocab, max_content=4)
+    trie = Trie.build(rows, vocab_size=vocab, sparse_fanout=2)
+    model = ToyRNN(vocab_size=vocab, num_queries=queries, max_length=max_decode_len, seed=2)
+    padded = pad_to(rows, max_decode_len)
+    for query in range(queries):
+        scored = jax.jit(functools.partial(score_sequences, step_fn=model.step_fn(jnp.full(len(rows), query))))(
+            cache=model.initial_cache(len(rows)), sequences=jnp.asarray(padded), trie=trie)
+        np.testing.assert_allclose(np.asarray(scored.log_probs), model.score(padded, query), rtol=1e-5, atol=1e-5)
+        trie_probs = np.exp(np.asarray(scored.trie_log_probs, np.float64))
+        assert trie_probs.sum() == pytest.approx(1.0, abs=1e-5)
+        assert np.all(trie_probs >= np.exp(model.score(padded, query)) - 1e-6)  # renormalising only raises them
+    invalid = np.array([[vocab - 1] * (max_decode_len - 1) + [EOS]], np.int32)  # 5 content tokens: no docid has
+    scored = score_sequences(step_fn=model.step_fn(jnp.zeros(1, jnp.int32)), cache=model.initial_cache(1),
+                             sequences=jnp.asarray(invalid), trie=trie)
+    assert np.isnan(float(scored.trie_log_probs[0])) and np.isfinite(float(scored.log_probs[0]))

@@ -107,41 +107,70 @@ class BertEmbeddings(nn.Module):
 
 
 class BertLayer(nn.Module):
-    """One post-LayerNorm transformer block: self-attention, then the GELU feed-forward."""
+    """One post-LayerNorm transformer block: self-attention, then the GELU feed-forward. `dropout_rate` is BERT's
+    hidden and attention-probability dropout, active only when fine-tuning (`deterministic=False`)."""
 
     config: BertConfig
+    dropout_rate: float = 0.0
 
     @nn.compact
-    def __call__(self, hidden: jax.Array, attention_mask: jax.Array) -> jax.Array:
+    def __call__(self, hidden: jax.Array, attention_mask: jax.Array, deterministic: bool = True) -> jax.Array:
         """hidden: float32[batch, length, hidden]; attention_mask: bool[batch, 1, length, length]."""
         c = self.config
         attended = nn.MultiHeadDotProductAttention(num_heads=c.num_attention_heads, qkv_features=c.hidden_size,
-                                                   out_features=c.hidden_size, deterministic=True,
+                                                   out_features=c.hidden_size, dropout_rate=self.dropout_rate,
+                                                   deterministic=deterministic,
                                                    name="attention")(hidden, hidden, mask=attention_mask)
+        attended = nn.Dropout(self.dropout_rate)(attended, deterministic=deterministic)
         hidden = nn.LayerNorm(epsilon=c.layer_norm_eps, name="attention_norm")(hidden + attended)
         feed_forward = nn.gelu(nn.Dense(c.intermediate_size, name="intermediate")(hidden), approximate=False)
         feed_forward = nn.Dense(c.hidden_size, name="output")(feed_forward)
+        feed_forward = nn.Dropout(self.dropout_rate)(feed_forward, deterministic=deterministic)
         return nn.LayerNorm(epsilon=c.layer_norm_eps, name="output_norm")(hidden + feed_forward)
 
 
+def mean_pool(states: jax.Array, mask: jax.Array) -> jax.Array:
+    """states: float[batch, length, dim], mask: bool[batch, length] -> float[batch, dim], the mean over real tokens
+    (sentence-transformers' pooling); a row with no real token gives the zero vector."""
+    weights = mask.astype(states.dtype)[..., None]
+    return (states * weights).sum(axis=1) / jnp.maximum(weights.sum(axis=1), 1e-9)
+
+
+def l2_normalize(x: jax.Array, axis: int = -1) -> jax.Array:
+    """x / ||x|| along `axis`; a zero vector stays zero."""
+    return x / jnp.maximum(jnp.linalg.norm(x, axis=axis, keepdims=True), 1e-12)
+
+
 class SentenceEncoder(nn.Module):
-    """BERT, mean pooling over real tokens, L2 normalisation: sentence-transformers' MiniLM pipeline."""
+    """BERT, mean pooling over real tokens, L2 normalisation: sentence-transformers' MiniLM pipeline.
+
+    `token_states` is the BERT part alone (what a dual encoder's MiniLM tower pools or, multi-vector, keeps per
+    token); `dropout_rate` (BERT's 0.1 when fine-tuning) acts only with `deterministic=False`.
+    """
 
     config: BertConfig
+    dropout_rate: float = 0.0
 
-    @nn.compact
+    def setup(self):
+        self.embeddings = BertEmbeddings(self.config)
+        self.layer = [BertLayer(self.config, self.dropout_rate) for _ in range(self.config.num_hidden_layers)]
+        self.dropout = nn.Dropout(self.dropout_rate)
+
+    def token_states(self, input_ids: jax.Array, mask: jax.Array, deterministic: bool = True) -> jax.Array:
+        """input_ids: int32[batch, length]; mask: bool[batch, length] (False on padding) ->
+        float32[batch, length, hidden], the last layer's states."""
+        hidden = self.dropout(self.embeddings(input_ids), deterministic=deterministic)
+        attention_mask = nn.make_attention_mask(mask, mask)
+        for layer in self.layer:
+            hidden = layer(hidden, attention_mask, deterministic)
+        return hidden
+
     def __call__(self, input_ids: jax.Array, mask: jax.Array) -> jax.Array:
         """input_ids: int32[batch, length]; mask: bool[batch, length] (False on padding) -> float32[batch, hidden].
 
         A row with no real token (batch padding) gives the zero vector.
         """
-        hidden = BertEmbeddings(self.config, name="embeddings")(input_ids)
-        attention_mask = nn.make_attention_mask(mask, mask)
-        for i in range(self.config.num_hidden_layers):
-            hidden = BertLayer(self.config, name=f"layer_{i}")(hidden, attention_mask)
-        weights = mask.astype(hidden.dtype)[..., None]
-        pooled = (hidden * weights).sum(axis=1) / jnp.maximum(weights.sum(axis=1), 1e-9)
-        return pooled / jnp.maximum(jnp.linalg.norm(pooled, axis=-1, keepdims=True), 1e-12)
+        return l2_normalize(mean_pool(self.token_states(input_ids, mask), mask))
 
 
 def params_from_safetensors(path: PathLike, *, config: BertConfig) -> dict:

@@ -7,6 +7,12 @@ training run's periodic evaluations reuse one compilation across parameter updat
 `constrained=True` the docid trie restricts the beams; without it, outputs that are no docid are returned under
 stand-in names (`invalid_output_name`) and listed in `Ranking.invalid`.
 
+Each ranking reports the probability of its rank-1 docid for the Brier score (`Ranking.top1_probability`):
+`sequence`, the model's likelihood of the sequence (each step a softmax over the whole vocabulary), and
+`trie_masked`, the trie-constrained model's (each step renormalised over the docid tokens the trie allows, so the
+probabilities of all docids sum to 1; NaN for an unconstrained output that is no docid). Both come from one extra
+teacher-forced decode of the rank-1 sequence inside the same compiled function.
+
 Decoded sequences are mapped back to documents on the device, inside the same compiled function: the trie of all
 docids (built in either mode) gives each beam's row in the DocidTable (`Trie.leaf_indices`, -1 for a sequence that
 is no docid), and the host only indexes `table.docids` with those rows. So no Python dict or set over the corpus is
@@ -21,6 +27,7 @@ from collections.abc import Sequence
 from typing import Any, Optional
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import tqdm
 from jax.sharding import Mesh
@@ -100,15 +107,17 @@ class GenerativeRetriever:
         return self.docid_space.trie
 
     def _predict_impl(self, params, tokens: jax.Array, trie: Trie, *, num_beams: int
-                      ) -> tuple[jax.Array, jax.Array, jax.Array]:
+                      ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
         """tokens int32[batch, input_length] -> (rows int32[batch, beams]: DocidTable row or -1,
-        scores float32[batch, beams], sequences int32[batch, beams, max_decode_len]), best first."""
+        scores float32[batch, beams], sequences int32[batch, beams, max_decode_len], best first, and the rank-1
+        sequence's log-probabilities float32[batch, 2]: the model's, and the trie-constrained model's)."""
         result = self.model.predict_batch(params, tokens, num_beams=num_beams,
                                           max_decode_len=self.docid_space.table.max_length,
                                           trie=trie if self.constrained else None)
         batch, beams, length = result.sequences.shape
         rows = trie.leaf_indices(result.sequences.reshape(batch * beams, length)).reshape(batch, beams)
-        return rows, result.scores, result.sequences
+        top1 = self.model.score_docids(params, tokens, result.sequences[:, 0], trie=trie)
+        return rows, result.scores, result.sequences, jnp.stack([top1.log_probs, top1.trie_log_probs], axis=1)
 
     def _executable(self, params, tokens: jax.Array, num_beams: int) -> tuple[Any, float]:
         """The compiled decoding for `num_beams` (compiled ahead of time on first use) and the seconds it took."""
@@ -132,6 +141,7 @@ class GenerativeRetriever:
         ids: list[list[str]] = []
         scores: list[list[float]] = []
         invalid: set[str] = set()
+        top1: dict[str, list[float]] = {"sequence": [], "trie_masked": []}
         compile_seconds = 0.0
         params = jax.device_put(self.params, self.param_shardings)  # a no-op for params placed as the trainer does
         bar = tqdm.tqdm(total=len(queries), desc="ranking", unit="query", leave=False,
@@ -146,8 +156,11 @@ class GenerativeRetriever:
                 chunk = jax.device_put(chunk, self.batch_sharding)
                 predict, seconds = self._executable(params, chunk, num_beams)
                 compile_seconds += seconds
-                rows, beam_scores, sequences = jax.device_get(predict(params, chunk, self.trie))
+                rows, beam_scores, sequences, top1_log_probs = jax.device_get(predict(params, chunk, self.trie))
                 for i in range(real):
+                    empty = beam_scores[i, 0] == -np.inf
+                    top1["sequence"].append(np.nan if empty else float(np.exp(top1_log_probs[i, 0])))
+                    top1["trie_masked"].append(np.nan if empty else float(np.exp(top1_log_probs[i, 1])))
                     query_ids, query_scores = [], []
                     for row, score, sequence in zip(rows[i].tolist(), beam_scores[i].tolist(), sequences[i]):
                         if score == -np.inf or len(query_ids) == k:  # an empty slot (fewer results than beams)
@@ -165,4 +178,4 @@ class GenerativeRetriever:
             seconds = time.perf_counter() - start - compile_seconds
         bar.close()
         return Ranking(ids=ids, scores=scores, invalid=frozenset(invalid), seconds=seconds,
-                       compile_seconds=compile_seconds)
+                       compile_seconds=compile_seconds, top1_probability=top1)

@@ -1,0 +1,312 @@
+"""Training data of a dual encoder: (query, positive document, K hard negatives) examples, batched for the trainer.
+
+Why not seqio: the towers tokenise with their own vocabularies (MiniLM's WordPiece, the run's SentencePiece), and
+documents are fetched by row (a positive, a mined negative) rather than streamed. The batches are a pure function
+of (seed, batch index): batch b holds examples b*B .. b*B + B - 1 of an endless sequence of epochs, each a seeded
+permutation of the training pairs, and its negatives are drawn from a generator seeded by (seed, b). So resuming at
+any batch costs nothing (no fast-forward), and with several hosts every host computes the same global batch and
+keeps its own rows (`shard_index` of `num_shards`), which is the one-process batch split over processes.
+
+Hard negatives come from a TREC run of the training queries (`negatives_run`): BM25's (`python -m
+gr_jax.tools.bm25 --split train --k 100 --run_file ...`) or the dense model's own (`python -m gr_jax.infer
+--model_dir RUN --queries queries.train.tsv --output ...`, then a new run trained on it: self-mined negatives).
+Each query's candidates are its run's top `negatives_depth` documents that are not judged relevant to it; of the K
+slots, round(hard_negative_fraction * K) are drawn from them without replacement (the paper's hard-negative
+ratio rho) and the rest uniformly from the collection (random negatives), as are the hard slots of a query the run
+does not rank deep enough (the paper's fill order: hard, then random).
+
+Batch features (numpy, leading dimension the host's share of the global batch):
+    query_ids int32[b, Lq], query_mask bool[b, Lq]            the query (Lq = input_length)
+    document_ids int32[b, Ld], document_mask bool[b, Ld]      its positive document (Ld = target_length)
+    document_row int32[b]                                     the positive's row in the collection
+    negative_ids int32[b, K, Ld], negative_mask bool[b, K, Ld], negative_row int32[b, K]
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import queue
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Optional
+
+import numpy as np
+
+from gr_jax.data.readers import DataFormatError, DocumentLookup, RetrievalDataset, open_dataset
+from gr_jax.dense.towers import Tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+class CorpusDocuments:
+    """A collection's docids in collection order (a compact bytes array) and its texts by row, without holding the
+    texts: the docids are read once, texts are read by line offset (`DocumentLookup`) when a batch needs them.
+
+    An empty document (only whitespace) is an error naming its file and line: it would embed to the zero vector.
+    """
+
+    def __init__(self, dataset: RetrievalDataset):
+        self.dataset = dataset
+        docids = []
+        for row, (docid, text) in enumerate(dataset.collection()):
+            if not text.strip():
+                raise DataFormatError.at(dataset.collection_path, row + 1, f"document {docid!r} is empty")
+            docids.append(docid.encode("utf-8"))
+        if not docids:
+            raise DataFormatError(f"{dataset.collection_path}: the collection is empty")
+        self.docids = np.asarray(docids, dtype=bytes)  # S<longest id>: 8.8M MS MARCO pids take 62 MB
+        self._order = np.argsort(self.docids, kind="stable")
+        self._sorted = self.docids[self._order]
+        self._lookup = DocumentLookup(dataset)
+
+    def __len__(self) -> int:
+        return len(self.docids)
+
+    def docid(self, row: int) -> str:
+        return self.docids[row].decode("utf-8")
+
+    def rows_of(self, docids: Sequence[str]) -> np.ndarray:
+        """int64[len(docids)]: each docid's row, -1 where the collection has no such document."""
+        wanted = np.asarray([d.encode("utf-8") for d in docids], dtype=bytes)
+        if not wanted.size:
+            return np.zeros((0,), np.int64)
+        position = np.minimum(np.searchsorted(self._sorted, wanted), len(self._sorted) - 1)
+        return np.where(self._sorted[position] == wanted, self._order[position], -1).astype(np.int64)
+
+    def __contains__(self, docid: object) -> bool:
+        return isinstance(docid, str) and self.rows_of([docid])[0] >= 0
+
+    def texts(self, rows: Sequence[int]) -> list[str]:
+        return [text for _, text in self._lookup.texts([int(r) for r in rows])]
+
+
+@dataclasses.dataclass(frozen=True)
+class DenseData:
+    """Where a dual encoder's training and evaluation data come from (gin: `gin_configs/dense/train.gin`).
+
+    input_length / target_length: query and document tokens (documents longer than `target_length` are cut, as
+    sentence-transformers cuts at its max_seq_length; the first batch logs how many were). num_negatives: K hard
+    negatives per query (0: in-batch negatives only); negatives_run, negatives_depth, hard_negative_fraction: see
+    the module docstring.
+    """
+    name: str
+    data_dir: str
+    input_length: int = 32
+    target_length: int = 128
+    train_split: str = "train"
+    eval_split: str = "dev"
+    num_negatives: int = 0
+    negatives_run: Optional[str] = None
+    negatives_depth: int = 30
+    hard_negative_fraction: float = 1.0
+
+    def __post_init__(self):
+        if self.num_negatives < 0 or self.negatives_depth < 1:
+            raise ValueError(f"num_negatives must be >= 0 and negatives_depth >= 1, got {self.num_negatives} and "
+                             f"{self.negatives_depth}")
+        if not 0.0 <= self.hard_negative_fraction <= 1.0:
+            raise ValueError(f"hard_negative_fraction must be in [0, 1], got {self.hard_negative_fraction}")
+        if self.num_negatives and self.hard_negative_fraction > 0 and self.negatives_run is None:
+            raise ValueError(f"{self.num_negatives} hard negatives per query need a negatives_run (a TREC run of the "
+                             f"{self.train_split!r} queries, e.g. BM25's); or set hard_negative_fraction = 0 for "
+                             "random negatives")
+
+    @property
+    def tokens_per_example(self) -> int:
+        return self.input_length + (1 + self.num_negatives) * self.target_length
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TrainingPairs:
+    """The (query, relevant document) pairs of a split and each query's mined negatives.
+
+    query_texts: str[Q]; pair_query: int32[P] (index into query_texts); pair_document: int64[P] (collection rows);
+    positives: per query, the rows of all its relevant documents; mined: int64[Q, depth], each query's run
+    candidates (not relevant to it) best first, -1 past the ones found.
+    """
+    query_texts: tuple[str, ...]
+    pair_query: np.ndarray
+    pair_document: np.ndarray
+    positives: tuple[frozenset, ...]
+    mined: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.pair_query)
+
+
+def training_pairs(*, data: DenseData, corpus: CorpusDocuments) -> TrainingPairs:
+    """Reads the training split's queries and qrels (and the negatives run); counts what cannot be used in warnings
+    (`gr_jax.tasks.sources.labeled_queries`)."""
+    from gr_jax.tasks.sources import labeled_queries  # the same pairs the generative tasks train on
+    labeled = labeled_queries(dataset=corpus.dataset, split=data.train_split, known_docids=corpus,
+                              first_relevant_only=False)
+    if not len(labeled):
+        raise ValueError(f"{data.data_dir}: split {data.train_split!r} has no query with a relevant document in the "
+                         f"collection: nothing to train on")
+    index: dict[str, int] = {}
+    texts: list[str] = []
+    for qid, text in zip(labeled.qids, labeled.texts):
+        if qid not in index:
+            index[qid] = len(texts)
+            texts.append(text)
+    pair_query = np.asarray([index[qid] for qid in labeled.qids], np.int32)
+    pair_document = corpus.rows_of(labeled.docids)
+    positives = [set() for _ in texts]
+    for q, row in zip(pair_query.tolist(), pair_document.tolist()):
+        positives[q].add(row)
+    mined = np.full((len(texts), data.negatives_depth), -1, np.int64)
+    if data.negatives_run is not None:
+        from gr_jax.evaluation import read_trec_run
+        run = read_trec_run(data.negatives_run)
+        unranked = 0
+        for qid, q in index.items():
+            ranking = run.get(qid)
+            if not ranking:
+                unranked += 1
+                continue
+            rows = corpus.rows_of([docid for docid, _ in ranking])
+            unknown = int(np.sum(rows < 0))
+            if unknown:
+                raise DataFormatError(f"{data.negatives_run}: the run ranks {unknown} documents for query {qid!r} "
+                                      f"that are not in {corpus.dataset.collection_path}: a run of another corpus?")
+            rows = [r for r in rows.tolist() if r not in positives[q]][:data.negatives_depth]
+            mined[q, :len(rows)] = rows
+        if unranked:
+            logger.warning("%s ranks no document for %d of the %d training queries: their hard negatives are random",
+                           data.negatives_run, unranked, len(texts))
+    return TrainingPairs(query_texts=tuple(texts), pair_query=pair_query, pair_document=pair_document,
+                         positives=tuple(frozenset(p) for p in positives), mined=mined)
+
+
+class BatchSource:
+    """Global batch b of the endless, seeded example sequence (see the module docstring)."""
+
+    def __init__(self, *, data: DenseData, corpus: CorpusDocuments, pairs: TrainingPairs, tokenizer: Tokenizer,
+                 batch_size: int, seed: int):
+        self.data = data
+        self.corpus = corpus
+        self.pairs = pairs
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.seed = seed
+        self._epoch_order: tuple[int, np.ndarray] = (-1, np.zeros(0, np.int64))
+        self._reported_truncation = False
+
+    def _order(self, epoch: int) -> np.ndarray:
+        if self._epoch_order[0] != epoch:
+            self._epoch_order = (epoch, np.random.default_rng([self.seed, epoch]).permutation(len(self.pairs)))
+        return self._epoch_order[1]
+
+    def pair_indices(self, batch: int) -> np.ndarray:
+        """int64[batch_size]: the training pairs of global batch `batch`."""
+        examples = np.arange(batch * self.batch_size, (batch + 1) * self.batch_size)
+        epochs, within = np.divmod(examples, len(self.pairs))
+        return np.array([self._order(int(e))[int(w)] for e, w in zip(epochs, within)], np.int64)
+
+    def negatives(self, batch: int, pairs: np.ndarray) -> np.ndarray:
+        """int64[batch_size, K]: each example's negatives (see the module docstring)."""
+        k = self.data.num_negatives
+        out = np.full((len(pairs), k), -1, np.int64)
+        if not k:
+            return out
+        rng = np.random.default_rng([self.seed, batch, 1])
+        hard = int(round(self.data.hard_negative_fraction * k))
+        num_docs = len(self.corpus)
+        for i, pair in enumerate(pairs.tolist()):
+            query = int(self.pairs.pair_query[pair])
+            mined = self.pairs.mined[query]
+            mined = mined[mined >= 0]
+            take = min(hard, len(mined))
+            chosen = list(rng.choice(mined, size=take, replace=False)) if take else []
+            excluded = set(chosen) | self.pairs.positives[query]
+            if len(excluded) >= num_docs:
+                raise ValueError(f"the collection ({num_docs} documents) is too small for {k} negatives per query")
+            while len(chosen) < k:
+                row = int(rng.integers(num_docs))
+                if row not in excluded:
+                    chosen.append(row)
+                    excluded.add(row)
+            out[i] = chosen
+        return out
+
+    def batch(self, batch: int, *, shard_index: int = 0, num_shards: int = 1) -> dict[str, np.ndarray]:
+        """This host's rows of global batch `batch` (see the module docstring for the features)."""
+        pairs = self.pair_indices(batch)
+        negatives = self.negatives(batch, pairs)
+        share = self.batch_size // num_shards
+        mine = slice(shard_index * share, (shard_index + 1) * share)
+        pairs, negatives = pairs[mine], negatives[mine]
+        queries = self.tokenizer([self.pairs.query_texts[self.pairs.pair_query[p]] for p in pairs.tolist()],
+                                 length=self.data.input_length)
+        positive_rows = self.pairs.pair_document[pairs]
+        rows = np.concatenate([positive_rows, negatives.reshape(-1)])
+        documents = self.tokenizer(self.corpus.texts(rows), length=self.data.target_length)
+        if documents.truncated and not self._reported_truncation:
+            logger.warning("%d of the %d documents of the first batch are longer than target_length=%d tokens and are "
+                           "cut to it (FirstP)", documents.truncated, len(rows), self.data.target_length)
+            self._reported_truncation = True
+        n, k, length = len(pairs), self.data.num_negatives, self.data.target_length
+        return {
+            "query_ids": queries.ids, "query_mask": queries.mask,
+            "document_ids": documents.ids[:n], "document_mask": documents.mask[:n],
+            "document_row": positive_rows.astype(np.int32),
+            "negative_ids": documents.ids[n:].reshape(n, k, length),
+            "negative_mask": documents.mask[n:].reshape(n, k, length),
+            "negative_row": negatives.astype(np.int32),
+        }
+
+    def batches(self, *, start_batch: int = 0, shard_index: int = 0, num_shards: int = 1,
+                prefetch: int = 2) -> Iterator[dict[str, np.ndarray]]:
+        """Endless batches from `start_batch`, made `prefetch` ahead on a background thread (tokenisation and file
+        reads release the GIL, so the next batch is ready while the devices train on this one)."""
+        if self.batch_size % num_shards:
+            raise ValueError(f"the global batch_size={self.batch_size} must be a multiple of num_shards={num_shards}")
+        if start_batch < 0:
+            raise ValueError(f"start_batch must be >= 0, got {start_batch}")
+        return _prefetched((self.batch(b, shard_index=shard_index, num_shards=num_shards)
+                            for b in _count(start_batch)), size=prefetch)
+
+
+def _count(start: int) -> Iterator[int]:
+    while True:
+        yield start
+        start += 1
+
+
+def _prefetched(items: Iterator, *, size: int) -> Iterator:
+    """`items` produced up to `size` ahead on a daemon thread; an exception there is raised here."""
+    if size < 1:
+        yield from items
+        return
+    buffer: queue.Queue = queue.Queue(maxsize=size)
+    stop = threading.Event()
+
+    def produce():
+        try:
+            for item in items:
+                while not stop.is_set():
+                    try:
+                        buffer.put((True, item), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer
+            buffer.put((False, e))
+
+    threading.Thread(target=produce, daemon=True).start()
+    try:
+        while True:
+            ok, item = buffer.get()
+            if not ok:
+                raise item
+            yield item
+    finally:
+        stop.set()
+
+
+def open_training_data(*, data: DenseData, tokenizer: Tokenizer, batch_size: int, seed: int) -> BatchSource:
+    corpus = CorpusDocuments(open_dataset(data.data_dir))
+    return BatchSource(data=data, corpus=corpus, pairs=training_pairs(data=data, corpus=corpus), tokenizer=tokenizer,
+                       batch_size=batch_size, seed=seed)

@@ -1,0 +1,125 @@
+"""What a dense run is (a dual encoder, its data, optimizer, batch, mesh and corpus index) and its live objects.
+
+The generative `gr_jax.experiment.Experiment`'s counterpart: `build()` gives a `DenseBuilt`, which the same
+training loop, checkpoints, evaluation actions and entry points (`gr_jax.train`, `gr_jax.eval`, `gr_jax.infer`,
+`gr-jax search`) use through `gr_jax.experiment.BuiltRun`. gin: `gin_configs/dense/*.gin` bind `EXPERIMENT` to one.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import pathlib
+from collections.abc import Callable, Container, Iterator, Sequence
+from typing import Any, Optional
+
+import jax
+import numpy as np
+import optax
+
+from gr_jax import checkpoints
+from gr_jax import optimizers
+from gr_jax import partitioning
+from gr_jax.data.readers import open_dataset
+from gr_jax.dense import data as dense_data
+from gr_jax.dense import losses as dense_losses
+from gr_jax.dense.index import IndexConfig
+from gr_jax.dense.model import DualEncoderConfig, DualEncoderModel
+from gr_jax.experiment import BuiltRun, RetrievalSettings
+from gr_jax.retrievers.dense import DenseRetriever
+from gr_jax.trainer import Trainer
+
+
+@dataclasses.dataclass(frozen=True)
+class DenseExperiment:
+    """A dual-encoder run: `model` trained on `dataset`'s training pairs with `loss`; `index` is how its corpus
+    index is built for evaluation and search (faiss exact inner product by default)."""
+    model_dir: str
+    dataset: dense_data.DenseData
+    model: DualEncoderConfig
+    learning_rate: optax.Schedule
+    optimizer_factory: Callable[..., optax.GradientTransformation] = optimizers.make_optimizer
+    loss: dense_losses.DenseLoss = dense_losses.SampledSoftmax()
+    batch_size: int = 32
+    num_microbatches: int = 1
+    seed: int = 0
+    mesh_data: int = -1
+    mesh_model: int = 1
+    index: IndexConfig = IndexConfig()
+
+    def build(self, *, keep_checkpoints: int = 3) -> DenseBuilt:
+        """Builds model, mesh and trainer (no parameter is allocated; the corpus is read when first needed)."""
+        config = dataclasses.replace(self.model, tower=self.model.tower.for_data(data_dir=self.dataset.data_dir))
+        model = DualEncoderModel(config=config, loss=self.loss)
+        mesh = partitioning.make_mesh(data=self.mesh_data, model=self.mesh_model)
+        trainer = Trainer(model=model, optimizer=self.optimizer_factory(learning_rate=self.learning_rate),
+                          mesh=mesh, input_length=self.dataset.input_length,
+                          target_length=self.dataset.target_length, batch_size=self.batch_size,
+                          num_microbatches=self.num_microbatches, learning_rate_fn=self.learning_rate)
+        checkpointer = checkpoints.Checkpointer(pathlib.Path(self.model_dir) / "checkpoints",
+                                                max_to_keep=keep_checkpoints)
+        return DenseBuilt(experiment=self, model=model, mesh=mesh, trainer=trainer, checkpointer=checkpointer,
+                          tokenizer=config.tower.tokenizer(data_dir=self.dataset.data_dir))
+
+
+@dataclasses.dataclass
+class DenseBuilt(BuiltRun):
+    """A DenseExperiment's live objects."""
+    experiment: DenseExperiment
+    model: DualEncoderModel
+    mesh: Any
+    trainer: Trainer
+    checkpointer: checkpoints.Checkpointer
+    tokenizer: dense_data.Tokenizer
+
+    @functools.cached_property
+    def corpus(self) -> dense_data.CorpusDocuments:
+        """The collection's docids and texts by row, read once per run."""
+        return dense_data.CorpusDocuments(open_dataset(self.experiment.dataset.data_dir))
+
+    def init_state(self):
+        """A fresh train state whose towers hold their pretrained weights (MiniLM's; a T5 checkpoint's)."""
+        state = self.trainer.init_state(jax.random.PRNGKey(self.experiment.seed))
+        return state.replace(params=self.model.load_tower_params(
+            state.params, shardings=self.trainer.state_shardings.params))
+
+    @functools.cached_property
+    def batch_source(self) -> dense_data.BatchSource:
+        """The training batches (`gr_jax.dense.data`), their pairs and negatives read once per run."""
+        experiment = self.experiment
+        return dense_data.BatchSource(
+            data=experiment.dataset, corpus=self.corpus,
+            pairs=dense_data.training_pairs(data=experiment.dataset, corpus=self.corpus), tokenizer=self.tokenizer,
+            batch_size=experiment.batch_size, seed=experiment.seed)
+
+    def train_batches(self, *, start_batch: int) -> Iterator[dict]:
+        return self.batch_source.batches(start_batch=start_batch, shard_index=jax.process_index(),
+                                           num_shards=jax.process_count())
+
+    @property
+    def tokens_per_batch(self) -> int:
+        return self.experiment.batch_size * self.experiment.dataset.tokens_per_example
+
+    def fingerprint(self, step: Optional[int]) -> dict:
+        """What identifies this encoder in a corpus index's manifest."""
+        return {"model_dir": str(pathlib.Path(self.experiment.model_dir).resolve()), "step": step,
+                "config_sha1": hashlib.sha1(repr(self.model.config).encode()).hexdigest()}
+
+    def retriever(self, params: Any = None, *, settings: RetrievalSettings, show_progress: bool = False,
+                  step: Optional[int] = None) -> DenseRetriever:
+        """The dual encoder with `params` as a retriever (`settings`: batch_size; its depth is the evaluator's k).
+        With `step` (the checkpoint the params come from) its corpus index lives in `model_dir/index/{step}`, read
+        when it is there and written when it is not; without, it is built in memory when first needed."""
+        index_dir = None if step is None else pathlib.Path(self.experiment.model_dir) / "index" / str(step)
+        return DenseRetriever(model=self.model, params=params, tokenizer=self.tokenizer, corpus=self.corpus,
+                              input_length=self.experiment.dataset.input_length,
+                              target_length=self.experiment.dataset.target_length, mesh=self.mesh,
+                              param_shardings=self.trainer.state_shardings.params, rules=self.trainer.rules,
+                              batch_size=settings.batch_size, index_config=self.experiment.index,
+                              index_dir=index_dir, fingerprint=self.fingerprint(step), show_progress=show_progress)
+
+    def known_docids(self) -> Optional[Container[str]]:
+        return self.corpus
+
+    def collection_rows(self, docids: Sequence[str]) -> np.ndarray:
+        return self.corpus.rows_of(docids)

@@ -1,0 +1,239 @@
+"""A dual encoder as a retriever: queries encoded in fixed-shape batches, the corpus index searched.
+
+The corpus index (`gr_jax.dense.index.CorpusIndex`) depends on the parameters, so a retriever builds it on first
+use: it loads `index_dir` when that holds the index of this corpus and this encoder (its manifest says which),
+and otherwise encodes the collection (streamed, progress bar, documents/s) and, with `index_dir`, writes it there
+for the next search. `with_params` gives the same retriever, compiled encoders included, for other parameters and
+an index not built yet: a training run's periodic evaluation re-encodes the corpus with each state.
+
+Each ranking also reports the probability of its rank-1 document (for the Brier score, `gr_vs_dense_limitations.txt`
+Sec. 4.1), in two forms: `full_softmax`, P~(d | q) = exp(S(q, d) / tau) / Z(q) over the whole corpus (Eq. 8's Z),
+and `top_k_softmax`, the softmax of S / tau over the k documents returned.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import pathlib
+import time
+from collections.abc import Sequence
+from typing import Any, Callable, Optional
+
+import jax
+import numpy as np
+import tqdm
+from jax.sharding import Mesh
+
+from gr_jax import partitioning
+from gr_jax.data.readers import DataFormatError
+from gr_jax.dense import index as index_lib
+from gr_jax.dense.data import CorpusDocuments
+from gr_jax.dense.model import DOCUMENT, QUERY, DualEncoderModel
+from gr_jax.dense.towers import Tokenizer
+from gr_jax.retrievers import Ranking
+
+logger = logging.getLogger(__name__)
+
+
+def length_buckets(longest: int, *, smallest: int = 16) -> tuple[int, ...]:
+    """Powers of two from `smallest` below `longest`, then `longest`: the padded lengths of document batches."""
+    buckets = []
+    length = smallest
+    while length < longest:
+        buckets.append(length)
+        length *= 2
+    return (*buckets, longest)
+
+
+class DenseRetriever:
+    """`gr_jax.retrievers.Retriever` over a dual encoder (see the module docstring).
+
+    corpus: the collection's docids and texts; fingerprint: what identifies this encoder in an index manifest
+    (model dir, step, config); index_dir: where the index is read from or written to (None: memory only).
+    probabilities: compute the rank-1 probabilities (a second pass over the corpus vectors for Z(q)).
+    """
+
+    def __init__(self, *, model: DualEncoderModel, params: Any, tokenizer: Tokenizer, corpus: CorpusDocuments,
+                 input_length: int, target_length: int, mesh: Mesh, param_shardings: Any,
+                 rules: partitioning.LogicalAxisRules = partitioning.LOGICAL_AXIS_RULES, batch_size: int = 64,
+                 index_config: index_lib.IndexConfig = index_lib.IndexConfig(), index_dir: Optional[str] = None,
+                 fingerprint: Optional[dict] = None, probabilities: bool = True, show_progress: bool = False):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        self.model = model
+        self.params = params
+        self.tokenizer = tokenizer
+        self.corpus = corpus
+        self.input_length = input_length
+        self.target_length = target_length
+        self.mesh = mesh
+        self.rules = rules
+        self.param_shardings = param_shardings
+        data_size = mesh.shape[partitioning.DATA_AXIS]
+        self.batch_size = -(-batch_size // data_size) * data_size
+        self.index_config = index_config
+        self.index_dir = pathlib.Path(index_dir) if index_dir is not None else None
+        self.fingerprint = dict(fingerprint or {})
+        self.probabilities = probabilities
+        self.show_progress = show_progress
+        self._encoders: dict[tuple, Callable] = {}  # (side, batch shape) -> executable; shared by `with_params` copies
+        self._index: Optional[index_lib.CorpusIndex] = None
+        self.compile_seconds = 0.0  # compilation paid since the last `rank` reported it
+
+    def with_params(self, params: Any, *, fingerprint: Optional[dict] = None) -> DenseRetriever:
+        """The same retriever (its compiled encoders) for other parameters; the corpus is encoded again on use."""
+        copy = object.__new__(DenseRetriever)
+        copy.__dict__.update(self.__dict__, params=params, _index=None,
+                             fingerprint=dict(fingerprint if fingerprint is not None else self.fingerprint))
+        return copy
+
+    @property
+    def dim(self) -> int:
+        return self.model.config.dim
+
+    # --- Encoding ---
+
+    def _encoder(self, side: str, params: Any, ids: np.ndarray, mask: np.ndarray) -> Callable:
+        """The compiled encoder of `side` for batches shaped as `ids` (compiled ahead of time on first use; the
+        seconds it took are added to `compile_seconds`)."""
+        key = (side, ids.shape)
+        if key not in self._encoders:
+            start = time.perf_counter()
+            sharding = partitioning.batch_sharding(self.mesh)
+            self._encoders[key] = jax.jit(functools.partial(self.model.encode, side=side),
+                                          in_shardings=(self.param_shardings, sharding, sharding),
+                                          out_shardings=sharding).lower(params, ids, mask).compile()
+            self.compile_seconds += time.perf_counter() - start
+        return self._encoders[key]
+
+    def encode(self, texts: Sequence[str], *, side: str) -> np.ndarray:
+        """float32[len(texts), dim] (multi-vector: [len(texts), length, dim], length = the side's token length)."""
+        length = self.input_length if side == QUERY else self.target_length
+        tokens = self.tokenizer(list(texts), length=length)
+        lengths = tokens.mask.sum(axis=1)
+        buckets = (length,) if side == QUERY else length_buckets(length)
+        order = np.argsort(-lengths, kind="stable")
+        shape = (len(texts), *((length,) if self.model.config.multi_vector else ()), self.dim)
+        out = np.zeros(shape, np.float32)
+        params = jax.device_put(self.params, self.param_shardings)
+        with partitioning.partitioning_context(mesh=self.mesh, rules=self.rules):
+            for start in range(0, len(order), self.batch_size):
+                rows = order[start:start + self.batch_size]
+                width = next(b for b in buckets if b >= max(int(lengths[rows].max()), 1))
+                ids = np.zeros((self.batch_size, width), np.int32)
+                mask = np.zeros((self.batch_size, width), bool)
+                ids[:len(rows)] = tokens.ids[rows, :width]
+                mask[:len(rows)] = tokens.mask[rows, :width]
+                encode = self._encoder(side, params, ids, mask)
+                vectors = np.asarray(jax.device_get(encode(params, ids, mask)))[:len(rows)]
+                if self.model.config.multi_vector:
+                    out[rows, :width] = vectors
+                else:
+                    out[rows] = vectors
+        return out
+
+    def document_encoder(self) -> "DocumentEncoder":
+        """The document side as a `gr_jax.encoders.Encoder` (texts -> float32[n, dim]), e.g. for semantic docids."""
+        return DocumentEncoder(self)
+
+    # --- The corpus index ---
+
+    def _manifest(self) -> dict:
+        dataset = self.corpus.dataset
+        stat = dataset.collection_path.stat()
+        return {"corpus": {"collection": str(dataset.collection_path.resolve()), "documents": len(self.corpus),
+                           "docids_sha1": index_lib.docids_digest(self.corpus.docids), "bytes": stat.st_size},
+                "encoder": {**self.fingerprint, "dim": self.dim, "multi_vector": self.model.config.multi_vector,
+                            "target_length": self.target_length}}
+
+    def _expect(self, manifest: dict, path: pathlib.Path) -> None:
+        wanted = self._manifest()
+        if manifest.get("corpus") != wanted["corpus"]:
+            raise DataFormatError(f"{path}: the index was built for another corpus ({manifest.get('corpus')}), not "
+                                  f"{wanted['corpus']['collection']} ({wanted['corpus']['documents']} documents): "
+                                  f"delete {path.parent} to rebuild it")
+        if manifest.get("encoder") != wanted["encoder"]:
+            raise DataFormatError(f"{path}: the index was built by another encoder ({manifest.get('encoder')}), not "
+                                  f"{wanted['encoder']}: delete {path.parent} to rebuild it")
+
+    def index(self) -> index_lib.CorpusIndex:
+        """The corpus index of these parameters: loaded from `index_dir`, or encoded (and saved there)."""
+        if self._index is not None:
+            return self._index
+        if self.index_dir is not None and (self.index_dir / index_lib.MANIFEST).is_file():
+            self._index = index_lib.CorpusIndex.load(self.index_dir, expect=self._expect, config=self.index_config)
+            if self._index.manifest.get("index", {}).get("factory") != self.index_config.factory:
+                raise DataFormatError(f"{self.index_dir / index_lib.MANIFEST}: a "
+                                      f"{self._index.manifest.get('index', {}).get('factory')!r} index, not the "
+                                      f"{self.index_config.factory!r} asked for: delete {self.index_dir} to rebuild")
+            return self._index
+        self._index = self.build_index()
+        return self._index
+
+    def build_index(self, *, recall_queries: Optional[np.ndarray] = None) -> index_lib.CorpusIndex:
+        """Encodes the collection and builds the index (written to `index_dir` when set)."""
+        dataset = self.corpus.dataset
+        shape = (self.target_length, self.dim) if self.model.config.multi_vector else (self.dim,)
+        out_path = self.index_dir / index_lib.EMBEDDINGS if self.index_dir is not None else None
+        embeddings, seconds = index_lib.encode_corpus(
+            texts=lambda: (text for _, text in dataset.collection()), num_documents=len(self.corpus),
+            encode=lambda texts: self.encode(texts, side=DOCUMENT), shape=shape, out_path=out_path,
+            show_progress=self.show_progress)
+        manifest = dict(self._manifest(), encoding={"seconds": round(seconds, 3),
+                                                    "documents_per_second": len(self.corpus) / max(seconds, 1e-9)})
+        logger.info("encoded %d documents in %.1f s (%.1f documents/s)", len(self.corpus), seconds,
+                    len(self.corpus) / max(seconds, 1e-9))
+        corpus_index = index_lib.index_from_vectors(docids=self.corpus.docids, embeddings=embeddings,
+                                                    config=self.index_config, manifest=manifest,
+                                                    recall_queries=recall_queries)
+        if self.index_dir is not None:
+            corpus_index.save(self.index_dir)
+        return corpus_index
+
+    # --- Retrieval ---
+
+    def rank(self, queries: Sequence[str], *, k: int) -> Ranking:
+        if k < 1:
+            raise ValueError(f"k must be positive, got {k}")
+        corpus_index = self.index()
+        self.compile_seconds = 0.0
+        start = time.perf_counter()
+        ids: list[list[str]] = []
+        scores: list[list[float]] = []
+        full, top_k = [], []
+        temperature = self.model.config.temperature
+        bar = tqdm.tqdm(total=len(queries), desc="ranking", unit="query", leave=False, disable=not self.show_progress)
+        for lo in range(0, len(queries), 4096):
+            vectors = self.encode(queries[lo:lo + 4096], side=QUERY)
+            found, rows = corpus_index.search(vectors, k=k)
+            if self.probabilities:
+                log_z = corpus_index.log_partition(vectors, temperature=temperature)
+            for i, (query_scores, query_rows) in enumerate(zip(found, rows)):
+                keep = query_rows >= 0
+                ids.append(corpus_index.docid_strings(query_rows[keep]))
+                scores.append(query_scores[keep].astype(float).tolist())
+                if self.probabilities and keep.any():
+                    logits = query_scores[keep].astype(np.float64) / temperature
+                    full.append(float(np.exp(logits[0] - log_z[i])))
+                    top_k.append(float(np.exp(logits[0] - np.logaddexp.reduce(logits))))
+                elif self.probabilities:
+                    full.append(float("nan"))
+                    top_k.append(float("nan"))
+            bar.update(len(vectors))
+        bar.close()
+        probabilities = {"full_softmax": full, "top_k_softmax": top_k} if self.probabilities else {}
+        return Ranking(ids=ids, scores=scores, seconds=time.perf_counter() - start - self.compile_seconds,
+                       compile_seconds=self.compile_seconds, top1_probability=probabilities)
+
+
+class DocumentEncoder:
+    """A dense retriever's document side as a `gr_jax.encoders.Encoder` (texts -> float32[n, dim])."""
+
+    def __init__(self, retriever: DenseRetriever):
+        if retriever.model.config.multi_vector:
+            raise ValueError("a multi-vector encoder gives one vector per token, not one per document")
+        self.retriever = retriever
+        self.dim = retriever.dim
+
+    def __call__(self, texts: Sequence[str]) -> np.ndarray:
+        return self.retriever.encode(texts, side=DOCUMENT)
