@@ -228,10 +228,10 @@ def test_index_search_and_log_partition_equal_brute_force(tmp_path):
                                np.log(np.exp(s - s.max(1, keepdims=True)).sum(1)) + s.max(1), rtol=1e-5)
     ivf = index_lib.index_from_vectors(docids=docids, embeddings=vectors, manifest={}, recall_queries=queries,
                                        config=index_lib.IndexConfig(factory="IVF16,Flat", nprobe=16))
-    assert ivf.manifest["index"]["recall@10_vs_exact"] == 1.0  # every cell probed: exact
+    assert ivf.index_info["recall@10_vs_exact"] == 1.0  # every cell probed: exact
     coarse = index_lib.index_from_vectors(docids=docids, embeddings=vectors, manifest={}, recall_queries=queries,
                                           config=index_lib.IndexConfig(factory="IVF64,Flat", nprobe=1))
-    assert 0.0 < coarse.manifest["index"]["recall@10_vs_exact"] < 1.0
+    assert 0.0 < coarse.index_info["recall@10_vs_exact"] < 1.0
     multi = index_lib.index_from_vectors(docids=docids[:50], embeddings=vectors[:150].reshape(50, 3, 16),
                                          config=index_lib.IndexConfig(), manifest={})
     q_multi = queries[:4].reshape(2, 2, 16)
@@ -306,6 +306,15 @@ def test_t5_dual_encoder_trains_evaluates_and_searches_through_the_entry_points(
                 "--top_k", "4"])
     lines = (tmp_path / "run.trec").read_text().splitlines()
     assert len(lines) == 8 and lines[0].startswith("q1 Q0 ")
+
+    # Another index type over the same embeddings (not encoded again), with its recall against exact search.
+    gin.clear_config()
+    from gr_jax.tools import dense_index
+    report = dense_index.main(["--model_dir", str(model_dir), "--factory", "IVF2,Flat", "--nprobe", "1",
+                               "--recall_k", "3"])
+    assert report["documents"] == 10 and report["factory"] == "IVF2,Flat" and report["recall_queries"] == 4
+    assert 0.0 < report["recall@3_vs_exact"] <= 1.0 and report["encoding"] == manifest["encoding"]
+    assert (model_dir / "index" / "3" / "index.IVF2_Flat.faiss").is_file()
 
     # The saved index belongs to this corpus and this checkpoint: another collection, or the index of another
     # checkpoint, is refused naming the manifest.

@@ -1,9 +1,12 @@
 """A dual encoder's corpus index: the collection encoded in batches, its vectors on disk, and a faiss index.
 
-    model_dir/index/{step}/embeddings.npy     float32[N, dim] (multi-vector: float32[N, target_length, dim])
-                          /docids.npy         the collection's docids in order (bytes)
-                          /index.faiss        the faiss index of single vectors (`IndexConfig.factory`)
-                          /manifest.json      which corpus, which encoder, which index, and its recall
+    model_dir/index/{step}/embeddings.npy         float32[N, dim] (multi-vector: float32[N, target_length, dim])
+                          /docids.npy             the collection's docids in order (bytes)
+                          /manifest.json          which corpus, which encoder, how fast it was encoded
+                          /index.{factory}.faiss  a faiss index of the single vectors, one per `IndexConfig.factory`
+                          /index.{factory}.json   its settings, build time and recall against exact search
+
+The embeddings are the costly part (hours at 8.8M passages on CPU): every index type is built from the same ones.
 
 Encoding streams the collection (`gr_jax.semantic_ids.embed_texts`: batches, a progress bar with documents/s)
 into a memory-mapped .npy, so an 8.8M-passage collection never sits in memory as text or vectors; texts are
@@ -27,6 +30,7 @@ import json
 import logging
 import os
 import pathlib
+import re
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
@@ -43,7 +47,6 @@ PathLike = str | os.PathLike
 MANIFEST = "manifest.json"
 EMBEDDINGS = "embeddings.npy"
 DOCIDS = "docids.npy"
-FAISS_INDEX = "index.faiss"
 _SCAN_CHUNK = 16_384  # documents scored at once by the chunked passes (log Z, MaxSim)
 
 
@@ -61,6 +64,10 @@ class IndexConfig:
     @property
     def exact(self) -> bool:
         return self.factory.strip() == "Flat"
+
+    def faiss_path(self, directory: PathLike) -> pathlib.Path:
+        """Where this index type of an index directory lives (its settings and recall beside, as .json)."""
+        return pathlib.Path(directory) / f"index.{re.sub(r'[^A-Za-z0-9]+', '_', self.factory.strip())}.faiss"
 
 
 def _faiss():
@@ -126,11 +133,15 @@ def _chunk_top_k(queries, documents, k_carry_scores, k_carry_rows, offset):
 
 @dataclasses.dataclass
 class CorpusIndex:
-    """The encoded corpus (see the module docstring); `search` and `log_partition` take query vectors."""
+    """The encoded corpus (see the module docstring); `search` and `log_partition` take query vectors.
+
+    manifest: the corpus, the encoder and the encoding; index_info: the faiss index's settings, build seconds and
+    recall@k against exact search (approximate indexes)."""
     docids: np.ndarray  # bytes[N]
     embeddings: np.ndarray  # float32[N, dim] or [N, length, dim]
     faiss_index: Any = None  # single vectors only
     manifest: dict = dataclasses.field(default_factory=dict)
+    index_info: dict = dataclasses.field(default_factory=dict)
     directory: Optional[pathlib.Path] = None
 
     @property
@@ -185,24 +196,56 @@ class CorpusIndex:
     def docid_strings(self, rows: np.ndarray) -> list[str]:
         return [self.docids[r].decode("utf-8") for r in rows.tolist()]
 
+    def with_faiss_index(self, config: IndexConfig, *, recall_queries: Optional[np.ndarray] = None) -> CorpusIndex:
+        """This index searched through `config`'s faiss index: read from the index directory when it holds one of
+        that type, else built from the embeddings (and written there). For an approximate index built here its
+        recall@k against exact search on `recall_queries` is measured."""
+        if self.multi_vector:
+            if not config.exact:
+                raise ValueError(f"multi-vector (MaxSim) search is exact only; index factory {config.factory!r} "
+                                 "applies to single vectors")
+            return dataclasses.replace(self, index_info={"factory": config.factory})
+        path = config.faiss_path(self.directory) if self.directory is not None else None
+        if path is not None and path.is_file():
+            faiss_index = _faiss().read_index(str(path))
+            if faiss_index.d != self.dim or faiss_index.ntotal != len(self):
+                raise DataFormatError(f"{path}: {faiss_index.ntotal} vectors of dimension {faiss_index.d}, but the "
+                                      f"embeddings beside it are {list(self.embeddings.shape)}")
+            configure_search(faiss_index, config)
+            info = json.loads(path.with_suffix(".json").read_text())
+            return dataclasses.replace(self, faiss_index=faiss_index, index_info=info)
+        start = time.perf_counter()
+        faiss_index = build_faiss_index(self.embeddings, config=config)
+        info = {"factory": config.factory, "nprobe": config.nprobe, "ef_search": config.ef_search,
+                "build_seconds": round(time.perf_counter() - start, 3)}
+        if not config.exact and recall_queries is not None and len(recall_queries):
+            exact = build_faiss_index(self.embeddings, config=IndexConfig())
+            info[f"recall@{config.recall_k}_vs_exact"] = ann_recall(faiss_index, exact, recall_queries,
+                                                                    k=config.recall_k)
+            info["recall_queries"] = len(recall_queries)
+            logger.info("%s index: recall@%d against exact search %.4f (%d queries)", config.factory,
+                        config.recall_k, info[f"recall@{config.recall_k}_vs_exact"], len(recall_queries))
+        if path is not None:
+            _faiss().write_index(faiss_index, str(path))
+            path.with_suffix(".json").write_text(json.dumps(info, indent=1))
+        return dataclasses.replace(self, faiss_index=faiss_index, index_info=info)
+
     # --- On disk ---
 
-    def save(self, directory: PathLike) -> None:
-        """Writes the docids, the faiss index and the manifest beside `embeddings.npy` (already in `directory`)."""
+    def save(self, directory: PathLike) -> CorpusIndex:
+        """Writes the docids and the manifest beside `embeddings.npy` (already in `directory`); the manifest last,
+        so a directory with one is complete. Returns this index placed there."""
         directory = pathlib.Path(directory)
         np.save(directory / DOCIDS, self.docids)
-        if self.faiss_index is not None:
-            _faiss().write_index(self.faiss_index, str(directory / FAISS_INDEX))
         tmp = directory / f".{MANIFEST}.tmp"
         tmp.write_text(json.dumps(self.manifest, indent=1))
-        os.replace(tmp, directory / MANIFEST)  # last: a directory with a manifest is complete
-        self.directory = directory
+        os.replace(tmp, directory / MANIFEST)
+        return dataclasses.replace(self, directory=directory)
 
     @classmethod
-    def load(cls, directory: PathLike, *, expect: Callable[[dict, pathlib.Path], None],
-             config: Optional[IndexConfig] = None) -> CorpusIndex:
-        """Reads an index written by `save`; `expect(manifest, path)` raises when it is not the index wanted (another
-        corpus, another encoder). The search settings of `config` (nprobe, ef_search) apply."""
+    def load(cls, directory: PathLike, *, expect: Callable[[dict, pathlib.Path], None]) -> CorpusIndex:
+        """Reads the embeddings written by `save`; `expect(manifest, path)` raises when they are not the ones wanted
+        (another corpus, another encoder). Attach a faiss index with `with_faiss_index`."""
         directory = pathlib.Path(directory)
         manifest_path = directory / MANIFEST
         if not manifest_path.is_file():
@@ -218,16 +261,7 @@ class CorpusIndex:
         if embeddings.shape[-1] != manifest["encoder"]["dim"]:
             raise DataFormatError(f"{directory / EMBEDDINGS}: vectors of dimension {embeddings.shape[-1]}, but "
                                   f"{manifest_path} says {manifest['encoder']['dim']}")
-        faiss_index = None
-        if embeddings.ndim == 2:
-            faiss_index = _faiss().read_index(str(directory / FAISS_INDEX))
-            if faiss_index.d != embeddings.shape[1] or faiss_index.ntotal != len(docids):
-                raise DataFormatError(f"{directory / FAISS_INDEX}: {faiss_index.ntotal} vectors of dimension "
-                                      f"{faiss_index.d}, but the embeddings are {list(embeddings.shape)}")
-            if config is not None:
-                configure_search(faiss_index, config)
-        return cls(docids=docids, embeddings=embeddings, faiss_index=faiss_index, manifest=manifest,
-                   directory=directory)
+        return cls(docids=docids, embeddings=embeddings, manifest=manifest, directory=directory)
 
 
 def encode_corpus(*, texts: Callable[[], Any], num_documents: int, encode: Callable[[list[str]], np.ndarray],
@@ -260,22 +294,6 @@ def encode_corpus(*, texts: Callable[[], Any], num_documents: int, encode: Calla
 
 def index_from_vectors(*, docids: np.ndarray, embeddings: np.ndarray, config: IndexConfig, manifest: dict,
                        recall_queries: Optional[np.ndarray] = None) -> CorpusIndex:
-    """A `CorpusIndex` over encoded documents; for an approximate single-vector index, its recall@k against exact
-    search on `recall_queries` goes into the manifest."""
-    faiss_index = None
-    manifest = dict(manifest, index={"factory": config.factory, "nprobe": config.nprobe,
-                                     "ef_search": config.ef_search})
-    if embeddings.ndim == 2:
-        start = time.perf_counter()
-        faiss_index = build_faiss_index(embeddings, config=config)
-        manifest["index"]["build_seconds"] = round(time.perf_counter() - start, 3)
-        if not config.exact and recall_queries is not None and len(recall_queries):
-            exact = build_faiss_index(embeddings, config=IndexConfig())
-            recall = ann_recall(faiss_index, exact, recall_queries, k=config.recall_k)
-            manifest["index"][f"recall@{config.recall_k}_vs_exact"] = recall
-            logger.info("%s index: recall@%d against exact search %.4f (%d queries)", config.factory,
-                        config.recall_k, recall, len(recall_queries))
-    elif not config.exact:
-        raise ValueError(f"multi-vector (MaxSim) search is exact only; index factory {config.factory!r} applies to "
-                         "single vectors")
-    return CorpusIndex(docids=docids, embeddings=embeddings, faiss_index=faiss_index, manifest=manifest)
+    """A `CorpusIndex` over encoded documents held in memory, searched through `config`'s index."""
+    return CorpusIndex(docids=docids, embeddings=embeddings, manifest=manifest).with_faiss_index(
+        config, recall_queries=recall_queries)

@@ -156,22 +156,22 @@ class DenseRetriever:
             raise DataFormatError(f"{path}: the index was built by another encoder ({manifest.get('encoder')}), not "
                                   f"{wanted['encoder']}: delete {path.parent} to rebuild it")
 
-    def index(self) -> index_lib.CorpusIndex:
-        """The corpus index of these parameters: loaded from `index_dir`, or encoded (and saved there)."""
+    def index(self, *, recall_queries: Optional[np.ndarray] = None) -> index_lib.CorpusIndex:
+        """The corpus index of these parameters, searched through `index_config`'s faiss index: the embeddings are
+        loaded from `index_dir` when it holds this corpus encoded by this encoder, else encoded (and written
+        there); a faiss index of that type is read from there or built (its recall against exact search measured on
+        `recall_queries`, query vectors)."""
         if self._index is not None:
             return self._index
         if self.index_dir is not None and (self.index_dir / index_lib.MANIFEST).is_file():
-            self._index = index_lib.CorpusIndex.load(self.index_dir, expect=self._expect, config=self.index_config)
-            if self._index.manifest.get("index", {}).get("factory") != self.index_config.factory:
-                raise DataFormatError(f"{self.index_dir / index_lib.MANIFEST}: a "
-                                      f"{self._index.manifest.get('index', {}).get('factory')!r} index, not the "
-                                      f"{self.index_config.factory!r} asked for: delete {self.index_dir} to rebuild")
-            return self._index
-        self._index = self.build_index()
+            embedded = index_lib.CorpusIndex.load(self.index_dir, expect=self._expect)
+        else:
+            embedded = self._encode_corpus()
+        self._index = embedded.with_faiss_index(self.index_config, recall_queries=recall_queries)
         return self._index
 
-    def build_index(self, *, recall_queries: Optional[np.ndarray] = None) -> index_lib.CorpusIndex:
-        """Encodes the collection and builds the index (written to `index_dir` when set)."""
+    def _encode_corpus(self) -> index_lib.CorpusIndex:
+        """The collection encoded (streamed, progress bar), written to `index_dir` when set."""
         dataset = self.corpus.dataset
         shape = (self.target_length, self.dim) if self.model.config.multi_vector else (self.dim,)
         out_path = self.index_dir / index_lib.EMBEDDINGS if self.index_dir is not None else None
@@ -183,12 +183,8 @@ class DenseRetriever:
                                                     "documents_per_second": len(self.corpus) / max(seconds, 1e-9)})
         logger.info("encoded %d documents in %.1f s (%.1f documents/s)", len(self.corpus), seconds,
                     len(self.corpus) / max(seconds, 1e-9))
-        corpus_index = index_lib.index_from_vectors(docids=self.corpus.docids, embeddings=embeddings,
-                                                    config=self.index_config, manifest=manifest,
-                                                    recall_queries=recall_queries)
-        if self.index_dir is not None:
-            corpus_index.save(self.index_dir)
-        return corpus_index
+        embedded = index_lib.CorpusIndex(docids=self.corpus.docids, embeddings=embeddings, manifest=manifest)
+        return embedded.save(self.index_dir) if self.index_dir is not None else embedded
 
     # --- Retrieval ---
 
