@@ -70,3 +70,21 @@ def test_select_gin_turns_on_early_stopping_on_the_valid_split():
     assert (config.every_steps, config.select_split, config.select_metric, config.patience) == (
         100, "valid", "MRR@10", 5)
     assert config.num_beams == 20  # the experiment's own settings are kept
+
+
+@pytest.mark.parametrize("gin_files, check", [
+    (["dense/minilm.gin"], lambda e: type(e.model.tower).__name__ == "MiniLMTower" and e.dataset.target_length == 256
+     and not e.model.multi_vector and e.model.temperature == 0.05),
+    (["dense/t5.gin", "models/t5_1_1/tiny.gin"], lambda e: type(e.model.tower).__name__ == "T5EncoderTower"
+     and e.model.tower.config.emb_dim == 256 and e.model.tower.config.dropout_rate == 0.1),
+    (["dense/minilm.gin", "dense/mvdr.gin"], lambda e: e.model.multi_vector and e.model.projection_dim == 128),
+])
+def test_dense_gins_bind_a_dense_experiment_through_the_experiment_macro(gin_files, check):
+    """The entry points build whatever EXPERIMENT names: a DenseExperiment for the dense gins."""
+    from gr_jax.dense.experiment import DenseExperiment
+    gin_utils.parse_gin(gin_files=gin_files, bindings=["MODEL_DIR = '/tmp/unused'", "DATA_DIR = '/tmp/data'",
+                                                       "TRAIN_STEPS = 5"])
+    experiment = gin.query_parameter("%EXPERIMENT").scoped_configurable_fn()
+    assert isinstance(experiment, DenseExperiment) and experiment.dataset.data_dir == "/tmp/data"
+    assert check(experiment)
+    assert isinstance(gin.query_parameter("training.train.experiment").scoped_configurable_fn(), DenseExperiment)

@@ -1,0 +1,49 @@
+"""Synthetic corpora for the dense-vs-generative analyses, and the spectral tail of Eq. 14."""
+import numpy as np
+import pytest
+
+from gr_jax.data.readers import open_dataset
+from gr_jax.dense.spectral import relevance_matrix, spectral_tail
+from gr_jax.tools import synthetic
+
+
+def test_spectral_tail_by_hand():
+    assert spectral_tail(np.eye(4), [0, 1, 3, 4]) == pytest.approx({0: 1.0, 1: 0.75, 3: 0.25, 4: 0.0})
+    rank_one = np.outer([1.0, 2.0, 3.0], [1.0, -1.0])
+    assert spectral_tail(rank_one, [1])[1] == pytest.approx(0.0, abs=1e-12)
+    # [[1, 1], [1, 0]]: singular values are the absolute eigenvalues (1 +- sqrt 5) / 2.
+    small, large = (np.sqrt(5) - 1) / 2, (np.sqrt(5) + 1) / 2
+    assert spectral_tail(np.array([[1.0, 1.0], [1.0, 0.0]]), [1])[1] == pytest.approx(small**2 / (small**2 + large**2))
+
+
+def test_pairs_corpus_has_one_query_per_pair_relevant_to_exactly_it(tmp_path):
+    summary = synthetic.pairs_corpus(out_dir=str(tmp_path / "p"), num_docs=6)
+    data = open_dataset(tmp_path / "p")
+    queries = list(data.queries("train"))
+    assert len(queries) == 15 == summary["queries"] and queries == list(data.queries("dev"))
+    qrels = data.qrels("train")
+    assert sorted(tuple(sorted(map(int, qrels[qid]))) for qid, _ in queries) == [
+        (a, b) for a in range(6) for b in range(a + 1, 6)]
+    docids = [d for d, _ in data.collection()]
+    matrix = relevance_matrix(qrels=qrels, qids=[q for q, _ in queries], docids=docids)
+    assert matrix.sum(axis=1).tolist() == [2.0] * 15 and summary["relevance_rank"] == 6
+    assert summary["spectral_tail"] == pytest.approx(spectral_tail(matrix, [1, 2, 4]))
+
+
+def test_topic_corpora_are_nested_and_queries_come_from_their_document(tmp_path):
+    synthetic.topics_corpus(out_dir=str(tmp_path / "small"), num_docs=30, num_topics=4, dev_fraction=0.5)
+    synthetic.topics_corpus(out_dir=str(tmp_path / "large"), num_docs=60, num_topics=4, dev_fraction=0.5)
+    small, large = open_dataset(tmp_path / "small"), open_dataset(tmp_path / "large")
+    assert list(small.collection()) == list(large.collection())[:30]
+    texts = dict(small.collection())
+    qrels = {**small.qrels("train"), **small.qrels("dev")}
+    train, dev = dict(small.queries("train")), dict(small.queries("dev"))
+    assert len(train) == 30 and 0 < len(dev) < 30
+    for qid, text in [*train.items(), *dev.items()]:
+        (docid,) = qrels[qid]
+        words = text.split()
+        assert len(words) == 5 and sum(w in texts[docid].split() for w in words) >= 4
+    for qid in dev:
+        assert dev[qid] != train["t" + qid[1:]]
+    with pytest.raises(FileExistsError):
+        synthetic.topics_corpus(out_dir=str(tmp_path / "small"), num_docs=30, num_topics=4)
