@@ -78,6 +78,10 @@ def test_select_gin_turns_on_early_stopping_on_the_valid_split():
     (["dense/t5.gin", "models/t5_1_1/tiny.gin"], lambda e: type(e.model.tower).__name__ == "T5EncoderTower"
      and e.model.tower.config.emb_dim == 256 and e.model.tower.config.dropout_rate == 0.1),
     (["dense/minilm.gin", "dense/mvdr.gin"], lambda e: e.model.multi_vector and e.model.projection_dim == 128),
+    (["dense/minilm.gin", "dense/normaliser_gap.gin"],
+     lambda e: [(type(a).__name__, a.every_steps) for a in (
+         ref.scoped_configurable_fn() for ref in gin.query_parameter("training.train.actions"))] == [
+         ("NormaliserGap", 500)]),
 ])
 def test_dense_gins_bind_a_dense_experiment_through_the_experiment_macro(gin_files, check):
     """The entry points build whatever EXPERIMENT names: a DenseExperiment for the dense gins."""
