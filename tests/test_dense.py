@@ -290,6 +290,11 @@ def test_t5_dual_encoder_trains_evaluates_and_searches_through_the_entry_points(
     assert metrics["MRR@10"] == pytest.approx(final["eval/MRR@10"])
     manifest = json.loads((model_dir / "index" / "3" / "manifest.json").read_text())
     assert manifest["corpus"]["documents"] == 10 and manifest["encoder"]["step"] == 3
+    from gr_jax.dense.towers import SentencePieceTokenizer
+    from gr_jax.vocabulary import load_vocabulary
+    texts = [text for _, text in open_dataset(spm_data_dir).collection()]
+    cut = SentencePieceTokenizer(load_vocabulary(spm_data_dir / "spm.model"))(texts, length=32).truncated
+    assert manifest["encoding"]["documents_truncated"] == cut > 0  # the passages longer than 32 pieces, reported
 
     gin.clear_config()
     monkeypatch.setattr("sys.stdin", io.StringIO("sourdough bread\nkimchi\n"))

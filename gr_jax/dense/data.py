@@ -241,9 +241,11 @@ class BatchSource:
         positive_rows = self.pairs.pair_document[pairs]
         rows = np.concatenate([positive_rows, negatives.reshape(-1)])
         documents = self.tokenizer(self.corpus.texts(rows), length=self.data.target_length)
-        if documents.truncated and not self._reported_truncation:
-            logger.warning("%d of the %d documents of the first batch are longer than target_length=%d tokens and are "
-                           "cut to it (FirstP)", documents.truncated, len(rows), self.data.target_length)
+        if (documents.truncated or queries.truncated) and not self._reported_truncation:
+            logger.warning("this batch's texts longer than their length are cut to it: %d of %d documents "
+                           "(target_length=%d, FirstP), %d of %d queries (input_length=%d); said once per run",
+                           documents.truncated, len(rows), self.data.target_length, queries.truncated, len(pairs),
+                           self.data.input_length)
             self._reported_truncation = True
         n, k, length = len(pairs), self.data.num_negatives, self.data.target_length
         return {

@@ -79,11 +79,12 @@ class DenseRetriever:
         self._encoders: dict[tuple, Callable] = {}  # (side, batch shape) -> executable; shared by `with_params` copies
         self._index: Optional[index_lib.CorpusIndex] = None
         self.compile_seconds = 0.0  # compilation paid since the last `rank` reported it
+        self.truncated = {QUERY: 0, DOCUMENT: 0}  # texts cut to the side's token length, reported by rank / indexing
 
     def with_params(self, params: Any, *, fingerprint: Optional[dict] = None) -> DenseRetriever:
         """The same retriever (its compiled encoders) for other parameters; the corpus is encoded again on use."""
         copy = object.__new__(DenseRetriever)
-        copy.__dict__.update(self.__dict__, params=params, _index=None,
+        copy.__dict__.update(self.__dict__, params=params, _index=None, truncated={QUERY: 0, DOCUMENT: 0},
                              fingerprint=dict(fingerprint if fingerprint is not None else self.fingerprint))
         return copy
 
@@ -110,6 +111,7 @@ class DenseRetriever:
         """float32[len(texts), dim] (multi-vector: [len(texts), length, dim], length = the side's token length)."""
         length = self.input_length if side == QUERY else self.target_length
         tokens = self.tokenizer(list(texts), length=length)
+        self.truncated[side] += tokens.truncated
         lengths = tokens.mask.sum(axis=1)
         buckets = (length,) if side == QUERY else length_buckets(length)
         order = np.argsort(-lengths, kind="stable")
@@ -180,7 +182,11 @@ class DenseRetriever:
             encode=lambda texts: self.encode(texts, side=DOCUMENT), shape=shape, out_path=out_path,
             show_progress=self.show_progress)
         manifest = dict(self._manifest(), encoding={"seconds": round(seconds, 3),
-                                                    "documents_per_second": len(self.corpus) / max(seconds, 1e-9)})
+                                                    "documents_per_second": len(self.corpus) / max(seconds, 1e-9),
+                                                    "documents_truncated": self.truncated[DOCUMENT]})
+        if self.truncated[DOCUMENT]:
+            logger.warning("%d of the %d documents are longer than target_length=%d tokens and were cut to it",
+                           self.truncated[DOCUMENT], len(self.corpus), self.target_length)
         logger.info("encoded %d documents in %.1f s (%.1f documents/s)", len(self.corpus), seconds,
                     len(self.corpus) / max(seconds, 1e-9))
         embedded = index_lib.CorpusIndex(docids=self.corpus.docids, embeddings=embeddings, manifest=manifest)
@@ -218,6 +224,10 @@ class DenseRetriever:
             bar.update(len(vectors))
         bar.close()
         probabilities = {"full_softmax": full, "top_k_softmax": top_k} if self.probabilities else {}
+        if self.truncated[QUERY]:
+            logger.warning("%d of the %d queries are longer than input_length=%d tokens and were cut to it",
+                           self.truncated[QUERY], len(queries), self.input_length)
+            self.truncated[QUERY] = 0
         return Ranking(ids=ids, scores=scores, seconds=time.perf_counter() - start - self.compile_seconds,
                        compile_seconds=self.compile_seconds, top1_probability=probabilities)
 
