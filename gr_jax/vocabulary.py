@@ -144,8 +144,16 @@ def load_vocabulary(path: PathLike) -> "seqio.SentencePieceVocabulary":
 def encode_inputs(texts: Sequence[str], *, vocabulary: Any, input_length: int) -> np.ndarray:
     """int32[len(texts), input_length]: each text's tokens trimmed to input_length - 1, EOS appended, PAD after,
     exactly as the seqio tasks make `inputs` (queries at retrieval time, documents for doc2query sampling)."""
+    return encode_and_count_cut(texts, vocabulary=vocabulary, input_length=input_length)[0]
+
+
+def encode_and_count_cut(texts: Sequence[str], *, vocabulary: Any, input_length: int) -> tuple[np.ndarray, int]:
+    """(`encode_inputs`'s tokens, how many texts had more than input_length - 1 tokens and were cut)."""
     out = np.zeros((len(texts), input_length), np.int32)
+    cut = 0
     for i, text in enumerate(texts):
-        ids = list(vocabulary.encode(text))[:input_length - 1] + [EOS_ID]
+        pieces = list(vocabulary.encode(text))
+        cut += len(pieces) > input_length - 1
+        ids = pieces[:input_length - 1] + [EOS_ID]
         out[i, :len(ids)] = ids
-    return out
+    return out, cut

@@ -159,10 +159,9 @@ class SentencePieceTokenizer:
 
     def __call__(self, texts: list[str], *, length: int) -> Tokens:
         _check_texts(texts)
-        from gr_jax.vocabulary import encode_inputs
-        ids = encode_inputs(texts, vocabulary=self.vocabulary, input_length=length)
-        truncated = int(np.sum(ids[:, -1] > 1))  # the last slot holds a piece, not EOS/PAD: the text was longer
-        return Tokens(ids=ids, mask=ids > 0, truncated=truncated)
+        from gr_jax.vocabulary import encode_and_count_cut
+        ids, cut = encode_and_count_cut(texts, vocabulary=self.vocabulary, input_length=length)
+        return Tokens(ids=ids, mask=ids > 0, truncated=cut)
 
 
 class _T5EncoderStates(nn.Module):
