@@ -4,7 +4,6 @@ search, its manifest's refusals, the Brier score, and the entry points on a dual
 import dataclasses
 import io
 import json
-import pathlib
 import shutil
 
 import jax

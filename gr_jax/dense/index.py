@@ -32,7 +32,7 @@ import os
 import pathlib
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, Optional
 
 import jax

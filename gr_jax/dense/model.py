@@ -31,7 +31,6 @@ import jax.numpy as jnp
 from gr_jax.dense import losses as dense_losses
 from gr_jax.dense.towers import Tower
 from gr_jax.encoders.minilm import l2_normalize, mean_pool
-from gr_jax.network import NEG_INF
 
 Array = jax.Array
 Batch = Mapping[str, Array]
