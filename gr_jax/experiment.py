@@ -166,15 +166,23 @@ class Experiment:
         model = build_model(config=self.network_config, loss=self.loss,
                             model_vocab_size=docid_space.model_vocab_size if docid_space else vocabulary.vocab_size,
                             docid_token_range=docid_space.docid_token_range if docid_space else None)
-        mesh = partitioning.make_mesh(data=self.mesh_data, model=self.mesh_model)
-        trainer = Trainer(model=model, optimizer=self.optimizer_factory(learning_rate=self.learning_rate),
-                          mesh=mesh, input_length=self.dataset.input_length,
-                          target_length=self.dataset.target_length, batch_size=self.batch_size,
-                          num_microbatches=self.num_microbatches, learning_rate_fn=self.learning_rate)
-        checkpointer = checkpoints.Checkpointer(pathlib.Path(self.model_dir) / "checkpoints",
-                                                max_to_keep=keep_checkpoints)
+        mesh, trainer, checkpointer = training_parts(self, model=model, keep_checkpoints=keep_checkpoints)
         return Built(experiment=self, vocabulary=vocabulary, docid_space=docid_space, model=model, mesh=mesh,
                      trainer=trainer, checkpointer=checkpointer)
+
+
+def training_parts(experiment: Any, *, model: Any, keep_checkpoints: int
+                   ) -> tuple[Any, Trainer, checkpoints.Checkpointer]:
+    """(mesh, trainer, checkpointer) of any experiment (generative or dense): its mesh, optimizer, learning rate,
+    batch and microbatches; inputs and targets of its dataset's lengths; checkpoints in `model_dir/checkpoints`."""
+    mesh = partitioning.make_mesh(data=experiment.mesh_data, model=experiment.mesh_model)
+    trainer = Trainer(model=model, optimizer=experiment.optimizer_factory(learning_rate=experiment.learning_rate),
+                      mesh=mesh, input_length=experiment.dataset.input_length,
+                      target_length=experiment.dataset.target_length, batch_size=experiment.batch_size,
+                      num_microbatches=experiment.num_microbatches, learning_rate_fn=experiment.learning_rate)
+    checkpointer = checkpoints.Checkpointer(pathlib.Path(experiment.model_dir) / "checkpoints",
+                                            max_to_keep=keep_checkpoints)
+    return mesh, trainer, checkpointer
 
 
 class RetrievalSettings(Protocol):

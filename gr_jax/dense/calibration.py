@@ -47,7 +47,6 @@ class NormaliserGap(Action):
         self.corpus_sample = corpus_sample
         self.seed = seed
         self.batch_size = batch_size
-        self.history: list[dict[str, float]] = []
 
     def start(self, run):
         built = run.built
@@ -97,7 +96,6 @@ class NormaliserGap(Action):
 
     def __call__(self, run, progress):
         values = self.measure(run, progress.state.params)
-        self.history.append({"step": progress.step, **values})
         run.writer.write_scalars(progress.step, {f"calibration/{k}": v for k, v in values.items()})
         run.report.update({f"calibration/{k}": v for k, v in values.items()})
         logger.info("step %d normaliser gap: %s", progress.step, values)

@@ -19,13 +19,12 @@ import optax
 
 from gr_jax import checkpoints
 from gr_jax import optimizers
-from gr_jax import partitioning
 from gr_jax.data.readers import open_dataset
 from gr_jax.dense import data as dense_data
 from gr_jax.dense import losses as dense_losses
 from gr_jax.dense.index import IndexConfig
 from gr_jax.dense.model import DualEncoderConfig, DualEncoderModel
-from gr_jax.experiment import BuiltRun, RetrievalSettings
+from gr_jax.experiment import BuiltRun, RetrievalSettings, training_parts
 from gr_jax.retrievers.dense import DenseRetriever
 from gr_jax.trainer import Trainer
 
@@ -51,13 +50,7 @@ class DenseExperiment:
         """Builds model, mesh and trainer (no parameter is allocated; the corpus is read when first needed)."""
         config = dataclasses.replace(self.model, tower=self.model.tower.for_data(data_dir=self.dataset.data_dir))
         model = DualEncoderModel(config=config, loss=self.loss)
-        mesh = partitioning.make_mesh(data=self.mesh_data, model=self.mesh_model)
-        trainer = Trainer(model=model, optimizer=self.optimizer_factory(learning_rate=self.learning_rate),
-                          mesh=mesh, input_length=self.dataset.input_length,
-                          target_length=self.dataset.target_length, batch_size=self.batch_size,
-                          num_microbatches=self.num_microbatches, learning_rate_fn=self.learning_rate)
-        checkpointer = checkpoints.Checkpointer(pathlib.Path(self.model_dir) / "checkpoints",
-                                                max_to_keep=keep_checkpoints)
+        mesh, trainer, checkpointer = training_parts(self, model=model, keep_checkpoints=keep_checkpoints)
         return DenseBuilt(experiment=self, model=model, mesh=mesh, trainer=trainer, checkpointer=checkpointer,
                           tokenizer=config.tower.tokenizer(data_dir=self.dataset.data_dir))
 
