@@ -47,3 +47,22 @@ def test_topic_corpora_are_nested_and_queries_come_from_their_document(tmp_path)
         assert dev[qid] != train["t" + qid[1:]]
     with pytest.raises(FileExistsError):
         synthetic.topics_corpus(out_dir=str(tmp_path / "small"), num_docs=30, num_topics=4)
+
+
+def test_low_rank_report_scores_each_runs_latest_trec_run_at_the_set_size(tmp_path):
+    from gr_jax.evaluation import write_trec_run
+    from gr_jax.tools import low_rank
+    synthetic.pairs_corpus(out_dir=str(tmp_path / "p"), num_docs=5)
+    data = open_dataset(tmp_path / "p")
+    qrels = data.qrels("dev")
+    perfect = {qid: [(d, 1.0) for d in judged] for qid, judged in qrels.items()}
+    half = {qid: [(sorted(judged)[0], 1.0), (next(d for d in "01234" if d not in judged), 0.5)]
+            for qid, judged in qrels.items()}
+    for name, run, step in (("good", perfect, 7), ("half", half, 3), ("half", perfect, 1)):
+        (tmp_path / name).mkdir(exist_ok=True)
+        write_trec_run(tmp_path / name / f"run.dev.{step}.trec", run, tag="t")
+    summary = low_rank.report(data_dir=str(tmp_path / "p"), dense={2: str(tmp_path / "half")},
+                              generative=str(tmp_path / "good"), split="dev", out=str(tmp_path / "plot.png"))
+    assert summary["k"] == 2 and summary["queries"] == 10 and summary["relevance_rank"] == 5
+    assert summary["generative"] == 1.0 and summary["dense"][2]["recall"] == 0.5  # step 3's run, not step 1's
+    assert (tmp_path / "plot.png").stat().st_size > 0

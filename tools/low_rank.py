@@ -1,0 +1,98 @@
+"""Reports the low-rank experiment of docs/dense.md: Recall@|set| of dual encoders of dimension r and of a generative
+model on a pairs corpus (`gr_jax.tools.synthetic pairs`), against the relevance matrix's spectral tail (Eq. 14).
+
+    python -m gr_jax.tools.low_rank --data_dir data/pairs46 --dense r2=runs/dense/lowrank/dr_r2 ... \\
+        --generative runs/dense/lowrank/gr --out runs/dense/lowrank/low_rank.png
+
+Each run dir's latest dev TREC run (`run.dev.{step}.trec`, written by the run's final evaluation) is scored at
+Recall@k with k the number of relevant documents per query (2 for pairs). Prints one JSON line and writes the plot:
+Recall@k against r for the dual encoders, the generative model as a line, and 1 - tail(r), the share of the
+relevance matrix's squared Frobenius norm a rank-r matrix can hold.
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import re
+from collections.abc import Sequence
+from typing import Optional
+
+import numpy as np
+
+from gr_jax.entry_point import run_tool
+
+
+def latest_run(model_dir: str, split: str) -> pathlib.Path:
+    runs = sorted(pathlib.Path(model_dir).glob(f"run.{split}.*.trec"),
+                  key=lambda p: int(re.fullmatch(rf"run\.{split}\.(\d+)\.trec", p.name).group(1)))
+    if not runs:
+        raise FileNotFoundError(f"{model_dir} has no run.{split}.*.trec: train (and evaluate) it first")
+    return runs[-1]
+
+
+def report(*, data_dir: str, dense: dict[int, str], generative: Optional[str], split: str,
+           out: Optional[str]) -> dict:
+    from gr_jax.data.readers import open_dataset
+    from gr_jax.dense.spectral import relevance_matrix, spectral_tail
+    from gr_jax.evaluation import read_trec_run, retrieval_metrics, scored_to_ranked
+    data = open_dataset(data_dir)
+    qrels = data.qrels(split)
+    k = max(sum(r >= 1 for r in judged.values()) for judged in qrels.values())
+    qids = [qid for qid, _ in data.queries(split)]
+    matrix = relevance_matrix(qrels=qrels, qids=qids, docids=[d for d, _ in data.collection()])
+    tail = spectral_tail(matrix, sorted(dense))
+
+    def recall(model_dir: str) -> float:
+        run = scored_to_ranked(read_trec_run(latest_run(model_dir, split)))
+        return retrieval_metrics(run=run, qrels=qrels, ks=(k,))[f"Recall@{k}"]
+
+    summary = {"data_dir": data_dir, "k": k, "queries": len(qids), "documents": matrix.shape[1],
+               "relevance_rank": int(np.linalg.matrix_rank(matrix)),
+               "dense": {r: {"recall": recall(d), "spectral_tail": tail[r]} for r, d in sorted(dense.items())},
+               "generative": recall(generative) if generative else None}
+    if out:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        ranks = sorted(dense)
+        fig, ax = plt.subplots(figsize=(5.5, 3.8))
+        ax.plot(ranks, [summary["dense"][r]["recall"] for r in ranks], marker="o", label="dual encoder (dim r)")
+        ax.plot(ranks, [1 - tail[r] for r in ranks], linestyle="--", color="gray",
+                label="1 - spectral tail(r) (Eq. 14)")
+        if generative:
+            ax.axhline(summary["generative"], color="tab:red", label="generative (T5.1.1-tiny)")
+        ax.axhline(k / matrix.shape[1], color="black", linewidth=0.5, linestyle=":", label="chance")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ranks, [str(r) for r in ranks])
+        ax.set_ylim(0, 1.02)
+        ax.set_xlabel("embedding dimension r")
+        ax.set_ylabel(f"Recall@{k}")
+        ax.set_title(f"{matrix.shape[1]} documents, {len(qids)} queries of {k} relevant each")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out, dpi=120)
+        plt.close(fig)
+        summary["plot"] = out
+    return summary
+
+
+def main(argv: Optional[Sequence[str]] = None) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m gr_jax.tools.low_rank", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data_dir", required=True)
+    parser.add_argument("--dense", nargs="+", default=[], help="r=MODEL_DIR pairs")
+    parser.add_argument("--generative", default=None, help="a generative run's model dir")
+    parser.add_argument("--split", default="dev")
+    parser.add_argument("--out", default=None, help="PNG to write")
+    args = parser.parse_args(argv)
+    dense = {}
+    for item in args.dense:
+        r, sep, model_dir = item.partition("=")
+        if not sep or not r.lstrip("r").isdigit():
+            parser.error(f"--dense takes r=MODEL_DIR (e.g. 8=runs/dr_r8), got {item!r}")
+        dense[int(r.lstrip("r"))] = model_dir
+    return run_tool(lambda: report(data_dir=args.data_dir, dense=dense, generative=args.generative, split=args.split,
+                                   out=args.out))
+
+
+if __name__ == "__main__":
+    main()
