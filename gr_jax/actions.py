@@ -29,7 +29,7 @@ from gr_jax.evaluator import RetrievalEvaluator
 if TYPE_CHECKING:
     from gr_jax.experiment import Built
     from gr_jax.metric_writers import MetricWriter
-    from gr_jax.retrievers.generative import GenerativeRetriever
+    from gr_jax.retrievers import ParametricRetriever
     from gr_jax.trainer import TrainState
 
 logger = logging.getLogger(__name__)
@@ -140,10 +140,11 @@ class SaveCheckpoint(Action):
         run.built.checkpointer.wait_until_finished()
 
 
-def evaluate_retrieval(run: TrainingRun, *, retriever: GenerativeRetriever, evaluator: RetrievalEvaluator, split: str,
+def evaluate_retrieval(run: TrainingRun, *, retriever: ParametricRetriever, evaluator: RetrievalEvaluator, split: str,
                        step: int, params: Any, prefix: str) -> dict[str, float]:
-    """Ranks the split with `params` (the retriever's compiled decoding reused); writes `{prefix}/*` scalars and
-    `run.{split}.{step}.trec`; returns the metrics."""
+    """Ranks the split with `params` (`retriever.with_params`: a generative retriever's compiled decoding reused, a
+    dense one's corpus encoded again); writes `{prefix}/*` scalars and `run.{split}.{step}.trec`; returns the
+    metrics."""
     metrics, ranked = evaluator.evaluate(retriever.with_params(params))
     run.writer.write_scalars(step, {f"{prefix}/{k}": v for k, v in metrics.items()})
     write_trec_run(run.model_dir / f"run.{split}.{step}.trec", ranked, tag=f"gr_jax-{step}")
@@ -155,7 +156,7 @@ class EvaluateRetrieval(Action):
     """Ranks the eval split every `every_steps` steps (0: only at the end) and, once training ends, with the
     final state (or the one `run.reported_params` names), whose metrics are the run's `eval/*` report."""
 
-    def __init__(self, *, retriever: GenerativeRetriever, evaluator: RetrievalEvaluator, split: str,
+    def __init__(self, *, retriever: ParametricRetriever, evaluator: RetrievalEvaluator, split: str,
                  every_steps: int = 0):
         self.retriever = retriever
         self.evaluator = evaluator
@@ -237,7 +238,7 @@ class SelectModel(Action):
     state ranks `evaluator`'s split; the best by `metric` is kept in `model_dir/best/`; training stops after
     `patience` evaluations without improvement; and the final evaluation ranks with the best state."""
 
-    def __init__(self, *, retriever: GenerativeRetriever, evaluator: RetrievalEvaluator, split: str, metric: str,
+    def __init__(self, *, retriever: ParametricRetriever, evaluator: RetrievalEvaluator, split: str, metric: str,
                  every_steps: int, patience: Optional[int] = None):
         if every_steps < 1:
             raise ValueError(f"model selection needs periodic evaluation (every_steps > 0), got {every_steps}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,3 +51,10 @@ class Retriever(Protocol):
     def rank(self, queries: Sequence[str], *, k: int) -> Ranking:
         """The `k` best documents of each query (see `Ranking`)."""
         ...
+
+
+class ParametricRetriever(Retriever, Protocol):
+    """A retriever of a trained model: the same retriever for other parameters of the same shapes (what the training
+    loop's evaluations call at each evaluation, reusing its compiled functions)."""
+
+    def with_params(self, params: Any) -> ParametricRetriever: ...
