@@ -92,6 +92,21 @@ def test_candidates_mask_the_positive_seen_again_and_empty_negative_slots():
     assert valid[2].tolist() == [True, True, True, False, False, True, True, True, True]  # 7 again is q2's positive
 
 
+def test_queries_and_their_positives_draw_different_dropout_masks():
+    """Identical query and document texts through one tower: without dropout their cosine is 1; with dropout it
+    must not be, or the model could learn to match query i to candidate i by their shared mask."""
+    model = DualEncoderModel(config=DualEncoderConfig(
+        tower=T5EncoderTower(config=dataclasses.replace(MICRO_T5, dropout_rate=0.3))))
+    batch = random_batch(np.random.default_rng(5), batch=4, negatives=1, query_length=10, doc_length=10)
+    batch["document_ids"], batch["document_mask"] = batch["query_ids"], batch["query_mask"]
+    params = partitioning.strip_boxes(model.init(jax.random.PRNGKey(0), input_length=10, target_length=10)["params"])
+    tau = model.config.temperature
+    without, _, _ = model.candidate_scores(params, batch, None)
+    np.testing.assert_allclose(np.diag(np.asarray(without)[:, :4]) * tau, 1.0, rtol=1e-5)
+    with_dropout, _, _ = model.candidate_scores(params, batch, jax.random.PRNGKey(1))
+    assert np.all(np.diag(np.asarray(with_dropout)[:, :4]) * tau < 0.999)
+
+
 def test_maxsim_scores_are_the_sum_of_each_query_tokens_best_match():
     rng = np.random.default_rng(2)
     q, d = rng.normal(size=(3, 4, 5)).astype(np.float32), rng.normal(size=(6, 7, 5)).astype(np.float32)

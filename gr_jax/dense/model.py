@@ -173,11 +173,14 @@ class DualEncoderModel:
         """(logits float32[B, C], candidate owner int32[C], valid bool[B, C]) of a training batch: S / tau of every
         query against the C = B (1 + K) positives and negatives of the global batch (see the module docstring)."""
         deterministic = dropout_rng is None
-        rngs = None if deterministic else {"dropout": dropout_rng}
+        # Each side its own dropout key: with one key, query i and candidate i (its positive) would draw the same
+        # mask, a pattern the model can learn to match instead of the texts.
+        keys = dict(zip((QUERY, DOCUMENT), jax.random.split(dropout_rng))) if not deterministic else {}
 
         def encode(ids, mask, side):
             return self.module.apply({"params": params}, ids, mask, side=side, deterministic=deterministic,
-                                     method=DualEncoderNetwork.encode, rngs=rngs)
+                                     method=DualEncoderNetwork.encode,
+                                     rngs=None if deterministic else {"dropout": keys[side]})
 
         queries = encode(batch["query_ids"], batch["query_mask"], QUERY)
         batch_size = queries.shape[0]
