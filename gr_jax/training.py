@@ -43,10 +43,10 @@ class RunExperiment(Protocol):
 class EvalConfig:
     """Retrieval evaluation during training: every_steps > 0 periodically, 0 only at the end, -1 never.
 
-    num_beams: the beams of a generative model's search; depth: how many documents each ranking holds (the metrics'
-    and TREC runs' depth; None: num_beams, since a beam search ranks as deep as its beams); batch_size: queries
-    ranked at once; constrained: decode through the docid trie; max_queries: rank only the split's first queries.
-    A dense retriever reads batch_size and depth only.
+    num_beams: the beams of a generative model's search; ranking_depth: how many documents each ranking holds (the
+    metrics' and TREC runs' `depth`; None: num_beams, since a beam search ranks as deep as its beams); batch_size:
+    queries ranked at once; constrained: decode through the docid trie; max_queries: rank only the split's first
+    queries. A dense retriever reads batch_size and depth only.
 
     Model selection (early stopping on a held-out metric): with `select_split`, the periodic evaluations and
     one at the last step rank that split instead of the eval split; the state with the best `select_metric`

@@ -81,7 +81,8 @@ def test_candidates_mask_the_positive_seen_again_and_empty_negative_slots():
     model = micro_model()
     batch = random_batch(np.random.default_rng(1), batch=3, negatives=2)
     batch["document_row"][:] = [5, 5, 7]  # queries 0 and 1 share their positive
-    batch["negative_row"][:] = [[7, -1], [8, 9], [10, 11]]  # query 0 has one empty slot; its negative 7 is q2's positive
+    # Query 0 has one empty slot, and its negative 7 is query 2's positive.
+    batch["negative_row"][:] = [[7, -1], [8, 9], [10, 11]]
     params = model.init(jax.random.PRNGKey(0), input_length=6, target_length=10)["params"]
     _, owner, valid = model.candidate_scores(partitioning.strip_boxes(params), batch, None)
     valid = np.asarray(valid)

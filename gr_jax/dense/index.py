@@ -174,8 +174,8 @@ class CorpusIndex:
             top = jnp.full((len(queries), min(k, len(self))), -jnp.inf, jnp.float32)
             top_rows = jnp.full(top.shape, -1, jnp.int32)
             for start in range(0, len(self), _SCAN_CHUNK):
-                top, top_rows = _chunk_top_k(jnp.asarray(queries), jnp.asarray(self.embeddings[start:start + _SCAN_CHUNK]),
-                                             top, top_rows, start)
+                chunk = jnp.asarray(self.embeddings[start:start + _SCAN_CHUNK])
+                top, top_rows = _chunk_top_k(jnp.asarray(queries), chunk, top, top_rows, start)
             found_scores, rows = np.asarray(top), np.asarray(top_rows).astype(np.int64)
         if rows.shape[1] < k:  # a corpus smaller than k
             pad = k - rows.shape[1]
