@@ -18,6 +18,9 @@ FAKE_METRICS = {("labeled_only", "naive"): (0.5, 0.25, 0.75), ("firstp_labeled",
                 ("firstp_labeled", "atomic"): (0.375, 0.25, 0.5), ("daq_labeled", "atomic"): (0.0, 0.0, 0.0)}
 BM25 = {"MRR@10": 0.4, "Recall@1": 0.3, "Recall@10": 0.9, "num_queries": 4}
 BM25_D2Q = {"MRR@10": 0.45, "Recall@1": 0.35, "Recall@10": 0.95, "num_queries": 4}
+DENSE = {"minilm_zero_shot": {"MRR@10": 0.55, "Recall@1": 0.5, "Recall@10": 1.0, "num_queries": 4},
+         "minilm_finetuned": {"MRR@10": 0.6, "Recall@1": 0.5, "Recall@10": 1.0, "num_queries": 4},
+         "t5_dual_encoder": {"MRR@10": 0.2, "Recall@1": 0.0, "Recall@10": 0.5, "num_queries": 4}}
 
 
 def _bindings(argv):
@@ -48,6 +51,16 @@ class FakeRunner:
             return 0
         assert module == "gr_jax.train"
         bindings = _bindings(argv)
+        if any(arg.startswith("--gin_file=dense/") for arg in argv):  # a dual-encoder baseline
+            name = pathlib.Path(bindings["MODEL_DIR"]).name
+            self.calls.append((name, bindings["TRAIN_STEPS"]))
+            if name in self.failing:
+                log_path.write_text("Traceback (most recent call last):\nValueError: no MiniLM here\n")
+                return 1
+            pathlib.Path(bindings["MODEL_DIR"]).mkdir(parents=True, exist_ok=True)
+            (pathlib.Path(bindings["MODEL_DIR"]) / "final_metrics.json").write_text(json.dumps(
+                {"train/loss": 0.5, **{f"eval/{k}": v for k, v in DENSE[name].items()}}))
+            return 0
         cell = (bindings["MIXTURE_ROW"], bindings["DOCID_SCHEME"])
         self.calls.append((*cell, bindings["TRAIN_STEPS"]))
         if cell in self.failing:
@@ -255,3 +268,40 @@ def test_plots_are_written_when_matplotlib_is_installed(data_dir, tmp_path):
 def test_study_rows_train_the_mixtures_tasks_registers_under_their_table_ids():
     from gr_jax import tasks
     assert {row.id: row.mixture_row for row in run_study.STUDY_ROWS.values()} == tasks.ROW_IDS
+
+
+def test_dense_baselines_run_as_training_runs_of_the_dense_gins_and_are_cached(data_dir, tmp_path):
+    out_dir = tmp_path / "study"
+    args = [*_study_args(data_dir, out_dir, rows="1a"), "--dense_baselines", "all", "--dense_steps", "7",
+            "--split", "dev"]
+    runner = FakeRunner(failing={"t5_dual_encoder"})
+    results = run_study.main(args, runner=runner, preflight=_fake_preflight)
+    # Zero-shot MiniLM trains 0 steps; the others --dense_steps; the generative cell still runs after a failure.
+    assert sorted(runner.calls) == sorted([("bm25",), ("bm25_d2q",), ("minilm_finetuned", 7), ("minilm_zero_shot", 0),
+                                           ("t5_dual_encoder", 7), ("labeled_only", "naive", 3)])
+    baselines = results["datasets"]["fixture_corpus"]["baselines"]
+    assert baselines["minilm_zero_shot"]["metrics"] == DENSE["minilm_zero_shot"]
+    assert baselines["t5_dual_encoder"]["status"] == "failed"
+    assert baselines["t5_dual_encoder"]["reason"].startswith("ValueError: no MiniLM here")
+    assert results["cells"][0]["status"] == "ok"
+    table = (out_dir / "results.md").read_text()
+    assert "| MiniLM zero-shot (dual encoder) | 0.550 | 0.500 | 1.000 |" in table
+    assert "| MiniLM fine-tuned (dual encoder) | 0.600 | 0.500 | 1.000 |" in table
+    assert "| T5.1.1-tiny dual encoder (scratch) | failed | failed | failed |" in table
+
+    # The exact commands: the dense gins, the size gin for the T5 tower, the split.
+    study = run_study.Study(datasets=[run_study.Dataset("fixture_corpus", data_dir)], rows=[], schemes=["naive"],
+                            size="small", steps=5, out_dir=tmp_path / "commands", dense_baselines=["t5_dual_encoder"],
+                            dense_steps=9, split="valid", runner=FakeRunner())
+    study.run_baselines(run_study.Dataset("fixture_corpus", data_dir))
+    command = json.loads((tmp_path / "commands/fixture_corpus/baselines/t5_dual_encoder.json").read_text())["settings"]
+    assert command == {"split": "valid", "steps": 9, "gin_files": ["dense/t5.gin", "models/t5_1_1/small.gin"]}
+
+    # A rerun reuses what succeeded and retries the failure; other steps rerun the ones that train.
+    again = FakeRunner()
+    run_study.main(args, runner=again, preflight=_fake_preflight)
+    assert again.calls == [("t5_dual_encoder", 7)]
+    more = FakeRunner()
+    run_study.main([*_study_args(data_dir, out_dir, rows="1a"), "--dense_baselines", "all", "--dense_steps", "8"],
+                   runner=more, preflight=_fake_preflight)
+    assert sorted(more.calls) == [("minilm_finetuned", 8), ("t5_dual_encoder", 8)]

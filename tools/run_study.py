@@ -1,14 +1,18 @@
 """Runs the study's tables at any scale: rows (document representations) x docid schemes, per data dir.
 
     python -m gr_jax.tools.run_study --data_dir data/wordnet_food --rows 1a,2a --schemes naive --size tiny \\
-        --steps 300 --out_dir runs/study_wordnet [--data_dir DIR2 ...] [--gin_file F] [--gin.KEY=VALUE ...]
+        --steps 300 --out_dir runs/study_wordnet [--data_dir DIR2 ...] [--gin_file F] [--gin.KEY=VALUE ...] \\
+        [--dense_baselines all --dense_steps 500]
 
 Each cell (data dir x row x docid scheme) is one `python -m gr_jax.train` process, the normal gin entry point
 (`experiments/study_cpu.gin`, then `models/t5_1_1/{size}.gin`, the row's variant gins, `--gin_file`s and the
 cell's bindings), so cells are isolated and a crash stays in its cell. Training ends with the retrieval evaluation
 of the eval split (constrained beam search), whose metrics are the cell's result. Baselines come first: BM25 and,
 when `{data_dir}/d2q.tsv` exists (`python -m gr_jax.tools.doc2query generate`), BM25 over documents expanded with it
-(`python -m gr_jax.tools.bm25`).
+(`python -m gr_jax.tools.bm25`), then the dual encoders of `--dense_baselines` (`DENSE_BASELINES`, or `all`):
+all-MiniLM-L6-v2 zero-shot, MiniLM fine-tuned on the data dir's training queries for `--dense_steps`, and a
+T5.1.1-encoder dual encoder of the study's `--size` trained from scratch as long; each a `gr_jax.train` run of
+`gin_configs/dense/`, evaluated on the study's split.
 
 Rows are the study's table ids (Pradeep et al. 2023, Tables 2-3; `STUDY_ROWS`), optionally with variants:
 `2a+unconstrained` evaluates without the docid trie (`VARIANTS`). A row whose mixture is not registered for a
@@ -21,7 +25,7 @@ Output in `--out_dir`:
     {dataset}.metric_by_row.png      bars per row and scheme (matplotlib, if installed)
     metric_by_corpus_size.png        with several (nested) data dirs: each cell's metrics against corpus size
     {dataset}/{row}.{scheme}/        the cell's model dir: train.log, cell.json, checkpoints, TREC run
-    {dataset}/baselines/             bm25[_d2q].{log,json}, TREC runs
+    {dataset}/baselines/             bm25[_d2q].{log,json}, TREC runs; {dense baseline}/ model dirs and .json
 
 Resumable: a cell whose `cell.json` holds final metrics for the same settings is not run again; a cell that
 stopped part-way resumes from its last checkpoint (the trainer restores it and its input position).
@@ -90,6 +94,26 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     Variant("pawa", "PAWA decoder", gin_files=("decoders/pawa.gin",)),
     Variant("atomic", "atomic docid head", gin_files=("decoders/atomic.gin",)),
     Variant("consistency", "consistency loss", gin_files=("losses/consistency.gin",)),  # NCI's, weight 0.15
+)}
+
+
+@dataclasses.dataclass(frozen=True)
+class DenseBaseline:
+    """A dual-encoder baseline row (`gr_jax.dense`): one `gr_jax.train` run of its gin files; `trains`: it trains
+    `--dense_steps` steps on the data dir's training queries (else it is evaluated as it starts, 0 steps); `sized`:
+    its network is the study's `--size` (models/t5_1_1/{size}.gin)."""
+    name: str
+    label: str
+    gin_files: tuple[str, ...]
+    trains: bool
+    sized: bool = False
+
+
+DENSE_BASELINES: dict[str, DenseBaseline] = {b.name: b for b in (
+    DenseBaseline("minilm_zero_shot", "MiniLM zero-shot (dual encoder)", ("dense/minilm.gin",), trains=False),
+    DenseBaseline("minilm_finetuned", "MiniLM fine-tuned (dual encoder)", ("dense/minilm.gin",), trains=True),
+    DenseBaseline("t5_dual_encoder", "T5.1.1-{size} dual encoder (scratch)", ("dense/t5.gin",), trains=True,
+                  sized=True),
 )}
 # Docid schemes whose cells need a decoder gin: the study's atomic ids have their own output head.
 SCHEME_GIN_FILES: dict[str, tuple[str, ...]] = {"atomic": ("decoders/atomic.gin",)}
@@ -211,6 +235,13 @@ def _read_json(path: pathlib.Path) -> Optional[dict]:
         return None
 
 
+def _final_eval_metrics(model_dir: pathlib.Path) -> Optional[dict]:
+    """The `eval/*` metrics of a training run's final_metrics.json, prefix stripped (None: none written)."""
+    final = _read_json(model_dir / "final_metrics.json")
+    metrics = {k[len("eval/"):]: v for k, v in (final or {}).items() if k.startswith("eval/")}
+    return metrics if "MRR@10" in metrics else None
+
+
 def _last_json_line(log_path: pathlib.Path) -> Optional[dict]:
     try:
         lines = log_path.read_text(encoding="utf-8", errors="replace").splitlines()
@@ -241,6 +272,8 @@ class Study:
     bindings: Sequence[str] = ()
     split: str = "dev"
     baselines: bool = True
+    dense_baselines: Sequence[str] = ()
+    dense_steps: int = 500
     cell_timeout: Optional[float] = None
     runner: CommandRunner = run_logged
     preflight: Preflight = registered_rows
@@ -277,40 +310,62 @@ class Study:
     # --- Baselines ---
 
     def run_baselines(self, dataset: Dataset) -> dict[str, Any]:
+        """BM25 (and BM25 over D2Q-expanded documents when the data dir has a d2q.tsv), then the dense baselines
+        asked for; each is cached in `baselines/{system}.json` and rerun only when its settings change."""
         out = self.out_dir / dataset.name / "baselines"
         out.mkdir(parents=True, exist_ok=True)
         d2q_file = d2q.default_path(dataset.data_dir)
-        systems = {"bm25": ("BM25", None)}
+        expansions = {"bm25": ("BM25", None)}
         if d2q_file.is_file():
-            systems["bm25_d2q"] = ("BM25 w/ doc2query-T5", d2q_file)
+            expansions["bm25_d2q"] = ("BM25 w/ doc2query-T5", d2q_file)
         results = {}
-        for system, (label, expansion) in systems.items():
-            stamp = None if expansion is None else {"d2q_file": str(expansion),
-                                                    "d2q_mtime_ns": expansion.stat().st_mtime_ns}
-            saved = _read_json(out / f"{system}.json")
-            if saved and saved.get("status") == "ok" and saved.get("d2q") == stamp and saved.get("split") == self.split:
-                results[system] = saved
-                continue
-            log = out / f"{system}.log"
+        for system, (label, expansion) in expansions.items():
+            settings = {"split": self.split, "d2q": None if expansion is None else {
+                "d2q_file": str(expansion), "d2q_mtime_ns": expansion.stat().st_mtime_ns}}
             argv = [self.python, "-m", "gr_jax.tools.bm25", "--data_dir", str(dataset.data_dir), "--split", self.split,
                     "--run_file", str(out / f"{system}.{self.split}.trec"),
                     *(["--d2q_file", str(expansion)] if expansion is not None else [])]
-            start = time.perf_counter()
-            returncode = self.runner(argv, log, self.cell_timeout)
-            metrics = _last_json_line(log) if returncode == 0 else None
-            result = {"label": label, "split": self.split, "d2q": stamp, "seconds": time.perf_counter() - start}
-            if metrics is None:
-                result.update(status="failed", reason=failure_reason(log, returncode) if returncode else
-                              f"no metrics line in {log}")
-            else:
-                result.update(status="ok", metrics={k: v for k, v in metrics.items() if k not in ("system", "split")})
-            _write_json(out / f"{system}.json", result)
-            results[system] = result
-        if "bm25_d2q" not in systems:
+            results[system] = self._baseline(out, system, label=label, settings=settings, argv=argv,
+                                             metrics=_last_json_line)
+        if "bm25_d2q" not in expansions:
             results["bm25_d2q"] = {"label": "BM25 w/ doc2query-T5", "status": "skipped",
                                    "reason": f"no {d2q_file} (python -m gr_jax.tools.doc2query train/generate "
                                              "makes one)"}
+        for name in self.dense_baselines:
+            baseline = DENSE_BASELINES[name]
+            steps = self.dense_steps if baseline.trains else 0
+            gin_files = [*baseline.gin_files, *([f"models/t5_1_1/{self.size}.gin"] if baseline.sized else [])]
+            model_dir = out / name
+            bindings = [f"DATA_DIR = {str(dataset.data_dir)!r}", f"DATASET_NAME = {dataset.name!r}",
+                        f"MODEL_DIR = {str(model_dir.resolve())!r}", f"TRAIN_STEPS = {steps}",
+                        f"data.DenseData.eval_split = {self.split!r}"]
+            argv = [self.python, "-m", "gr_jax.train", *(f"--gin_file={f}" for f in gin_files),
+                    *(f"--gin_bindings={b}" for b in bindings)]
+            results[name] = self._baseline(
+                out, name, label=baseline.label.format(size=self.size), argv=argv,
+                settings={"split": self.split, "steps": steps, "gin_files": gin_files},
+                metrics=lambda log, model_dir=model_dir: _final_eval_metrics(model_dir))
         return results
+
+    def _baseline(self, out: pathlib.Path, system: str, *, label: str, settings: dict, argv: list[str],
+                  metrics: Callable[[pathlib.Path], Optional[dict]]) -> dict[str, Any]:
+        """Runs one baseline command (or reuses its result for the same settings); `metrics(log)` reads its metrics
+        after a successful run (None: there are none)."""
+        saved = _read_json(out / f"{system}.json")
+        if saved and saved.get("status") == "ok" and saved.get("settings") == settings:
+            return saved
+        log = out / f"{system}.log"
+        start = time.perf_counter()
+        returncode = self.runner(argv, log, self.cell_timeout)
+        found = metrics(log) if returncode == 0 else None
+        result = {"label": label, "split": self.split, "settings": settings, "seconds": time.perf_counter() - start}
+        if found is None:
+            result.update(status="failed", reason=failure_reason(log, returncode) if returncode else
+                          f"no metrics in {log}")
+        else:
+            result.update(status="ok", metrics={k: v for k, v in found.items() if k not in ("system", "split")})
+        _write_json(out / f"{system}.json", result)
+        return result
 
     # --- Cells ---
 
@@ -537,7 +592,11 @@ def main(argv: Optional[Sequence[str]] = None, *, runner: CommandRunner = run_lo
     parser.add_argument("--steps", type=int, required=True, help="training steps per cell")
     parser.add_argument("--out_dir", required=True)
     parser.add_argument("--split", default="dev", help="evaluation split of every cell and baseline")
-    parser.add_argument("--no_baselines", action="store_true", help="skip BM25 and BM25 + D2Q")
+    parser.add_argument("--no_baselines", action="store_true", help="skip BM25, BM25 + D2Q and the dense baselines")
+    parser.add_argument("--dense_baselines", default="",
+                        help=f"comma-separated dual-encoder baselines {sorted(DENSE_BASELINES)}, or 'all'")
+    parser.add_argument("--dense_steps", type=int, default=500,
+                        help="training steps of the dense baselines that train (default: 500)")
     parser.add_argument("--cell_timeout", type=float, default=None, help="seconds before a cell is killed")
     args, rest = parser.parse_known_args(argv)
     gin_args, gin_files, bindings = gin_utils.parse_args(rest, description=__doc__)
@@ -547,6 +606,11 @@ def main(argv: Optional[Sequence[str]] = None, *, runner: CommandRunner = run_lo
     if not size_gin.is_file():
         parser.error(f"--size {args.size}: no {size_gin}")
     rows = [parse_row(key) for key in _split_list(args.rows)]
+    dense_baselines = (list(DENSE_BASELINES) if args.dense_baselines.strip() == "all"
+                       else _split_list(args.dense_baselines))
+    unknown = [name for name in dense_baselines if name not in DENSE_BASELINES]
+    if unknown:
+        parser.error(f"unknown dense baseline(s) {unknown}; choose from {sorted(DENSE_BASELINES)} or 'all'")
     names = [default_dataset_name(d) for d in args.data_dir]
     if len(set(names)) != len(names):
         parser.error(f"data dirs must have distinct folder names (they name the tasks): {names}")
@@ -557,6 +621,7 @@ def main(argv: Optional[Sequence[str]] = None, *, runner: CommandRunner = run_lo
                                                                  if pathlib.Path(f).is_file() else f
                                                                  for f in gin_files],
                   bindings=bindings, split=args.split, baselines=not args.no_baselines,
+                  dense_baselines=dense_baselines, dense_steps=args.dense_steps,
                   cell_timeout=args.cell_timeout, runner=runner, preflight=preflight)
     results = study.run()
     print((study.out_dir / "results.md").read_text())
