@@ -285,17 +285,30 @@ def test_dense_baselines_run_as_training_runs_of_the_dense_gins_and_are_cached(d
     assert baselines["t5_dual_encoder"]["reason"].startswith("ValueError: no MiniLM here")
     assert results["cells"][0]["status"] == "ok"
     table = (out_dir / "results.md").read_text()
+    assert table.startswith("# Study: T5.1.1-tiny, 3 steps, split dev; dense baselines that train: 7 steps\n")
     assert "| MiniLM zero-shot (dual encoder) | 0.550 | 0.500 | 1.000 |" in table
     assert "| MiniLM fine-tuned (dual encoder) | 0.600 | 0.500 | 1.000 |" in table
     assert "| T5.1.1-tiny dual encoder (scratch) | failed | failed | failed |" in table
 
-    # The exact commands: the dense gins, the size gin for the T5 tower, the split.
+    # The exact commands: the dense gins (the size gin for the T5 tower), their own bindings, the split; not the
+    # study's --gin.BATCH_SIZE=8, which is the generative cells'.
     study = run_study.Study(datasets=[run_study.Dataset("fixture_corpus", data_dir)], rows=[], schemes=["naive"],
-                            size="small", steps=5, out_dir=tmp_path / "commands", dense_baselines=["t5_dual_encoder"],
-                            dense_steps=9, split="valid", runner=FakeRunner())
-    study.run_baselines(run_study.Dataset("fixture_corpus", data_dir))
-    command = json.loads((tmp_path / "commands/fixture_corpus/baselines/t5_dual_encoder.json").read_text())["settings"]
-    assert command == {"split": "valid", "steps": 9, "gin_files": ["dense/t5.gin", "models/t5_1_1/small.gin"]}
+                            size="small", steps=5, out_dir=tmp_path / "commands", bindings=["BATCH_SIZE = 8"],
+                            dense_baselines=list(run_study.DENSE_BASELINES), dense_steps=9, split="valid")
+    dataset = run_study.Dataset("fixture_corpus", data_dir)
+    model_dirs = tmp_path.resolve() / "commands/fixture_corpus/baselines"
+    expected = {"minilm_zero_shot": (["dense/minilm.gin"], 0), "minilm_finetuned": (["dense/minilm.gin"], 9),
+                "t5_dual_encoder": (["dense/t5.gin", "models/t5_1_1/small.gin"], 9)}
+    for name, (gin_files, steps) in expected.items():
+        settings, argv = study.dense_command(dataset, run_study.DENSE_BASELINES[name])
+        assert argv == [sys.executable, "-m", "gr_jax.train", *(f"--gin_file={f}" for f in gin_files),
+                        f"--gin_bindings=DATA_DIR = {str(data_dir)!r}",
+                        "--gin_bindings=DATASET_NAME = 'fixture_corpus'",
+                        f"--gin_bindings=MODEL_DIR = {str(model_dirs / name)!r}",
+                        f"--gin_bindings=TRAIN_STEPS = {steps}",
+                        "--gin_bindings=data.DenseData.eval_split = 'valid'"]
+        assert settings == {"split": "valid", "steps": steps, "gin_files": gin_files, "bindings": []}
+        assert all((run_study.gin_utils.GIN_CONFIGS_DIR / f).is_file() for f in gin_files)
 
     # A rerun reuses what succeeded and retries the failure; other steps rerun the ones that train.
     again = FakeRunner()
@@ -305,3 +318,34 @@ def test_dense_baselines_run_as_training_runs_of_the_dense_gins_and_are_cached(d
     run_study.main([*_study_args(data_dir, out_dir, rows="1a"), "--dense_baselines", "all", "--dense_steps", "8"],
                    runner=more, preflight=_fake_preflight)
     assert sorted(more.calls) == [("minilm_finetuned", 8), ("t5_dual_encoder", 8)]
+
+
+def test_a_dense_baseline_with_other_settings_starts_afresh_and_one_stopped_part_way_resumes(data_dir, tmp_path):
+    out_dir = tmp_path / "study"
+    args = [*_study_args(data_dir, out_dir, rows="1a"), "--no_baselines"]
+    dataset = run_study.Dataset("fixture_corpus", data_dir.resolve())
+    model_dir = out_dir / "fixture_corpus/baselines/minilm_finetuned"
+
+    def study(steps, runner):
+        return run_study.Study(datasets=[dataset], rows=[], schemes=["naive"], size="tiny", steps=3, out_dir=out_dir,
+                               dense_baselines=["minilm_finetuned"], dense_steps=steps, runner=runner)
+
+    # A run killed part-way (its checkpoint and a stale final_metrics.json stay): the same settings resume it, and
+    # only the new run's metrics count.
+    killed = FakeRunner(failing={"minilm_finetuned"})
+    study(5, killed).run_baselines(dataset)
+    (model_dir / "checkpoints/3").mkdir(parents=True)
+    (model_dir / "final_metrics.json").write_text(json.dumps({"eval/MRR@10": 0.99}))
+    again = FakeRunner(failing={"minilm_finetuned"})
+    result = study(5, again).run_baselines(dataset)["minilm_finetuned"]
+    assert (result["status"], again.calls) == ("failed", [("minilm_finetuned", 5)])
+    assert (model_dir / "checkpoints/3").is_dir() and not (model_dir / "final_metrics.json").exists()
+    # Fewer steps: the checkpoint is not restored (it would be evaluated as the shorter run).
+    fewer = FakeRunner()
+    result = study(2, fewer).run_baselines(dataset)["minilm_finetuned"]
+    assert (result["status"], result["metrics"]["MRR@10"], fewer.calls) == ("ok", 0.6, [("minilm_finetuned", 2)])
+    assert not (model_dir / "checkpoints").exists()
+    # --no_baselines skips the dense ones too.
+    skipping = FakeRunner()
+    results = run_study.main([*args, "--dense_baselines", "all"], runner=skipping, preflight=_fake_preflight)
+    assert skipping.calls == [("labeled_only", "naive", 3)] and "baselines" not in results["datasets"]["fixture_corpus"]

@@ -12,7 +12,8 @@ when `{data_dir}/d2q.tsv` exists (`python -m gr_jax.tools.doc2query generate`), 
 (`python -m gr_jax.tools.bm25`), then the dual encoders of `--dense_baselines` (`DENSE_BASELINES`, or `all`):
 all-MiniLM-L6-v2 zero-shot, MiniLM fine-tuned on the data dir's training queries for `--dense_steps`, and a
 T5.1.1-encoder dual encoder of the study's `--size` trained from scratch as long; each a `gr_jax.train` run of
-`gin_configs/dense/`, evaluated on the study's split.
+`gin_configs/dense/` with only its own bindings (the `--gin_file`s and `--gin.KEY=VALUE`s are the cells'),
+evaluated on the study's split. `--no_baselines` skips them all.
 
 Rows are the study's table ids (Pradeep et al. 2023, Tables 2-3; `STUDY_ROWS`), optionally with variants:
 `2a+unconstrained` evaluates without the docid trie (`VARIANTS`). A row whose mixture is not registered for a
@@ -22,13 +23,15 @@ a failing cell never stops the others.
 Output in `--out_dir`:
     results.json                     every cell and baseline: status, metrics, reason, time (rewritten as cells end)
     results.md                       Tables 2-3 layout: MRR@10, R@1, R@10 per row x docid scheme, baselines on top
-    {dataset}.metric_by_row.png      bars per row and scheme (matplotlib, if installed)
+    {dataset}.metric_by_row.png      bars per row and scheme, baselines as lines (matplotlib, if installed)
     metric_by_corpus_size.png        with several (nested) data dirs: each cell's metrics against corpus size
     {dataset}/{row}.{scheme}/        the cell's model dir: train.log, cell.json, checkpoints, TREC run
     {dataset}/baselines/             bm25[_d2q].{log,json}, TREC runs; {dense baseline}/ model dirs and .json
 
 Resumable: a cell whose `cell.json` holds final metrics for the same settings is not run again; a cell that
 stopped part-way resumes from its last checkpoint (the trainer restores it and its input position).
+Baselines likewise, per `baselines/{system}.json`; a dense baseline's model dir is cleared when its settings
+(steps, gin files with the size gin, bindings, split) change.
 """
 from __future__ import annotations
 
@@ -40,6 +43,7 @@ import logging
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -56,6 +60,7 @@ logger = logging.getLogger(__name__)
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 STUDY_GIN = "experiments/study_cpu.gin"
+BASELINE_DASHES = ("--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (8, 2)))  # the plots' baseline lines
 # (column title, key of gr_jax.evaluation.retrieval_metrics)
 METRICS: tuple[tuple[str, str], ...] = (("MRR@10", "MRR@10"), ("R@1", "Recall@1"), ("R@10", "Recall@10"))
 
@@ -99,14 +104,15 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
 
 @dataclasses.dataclass(frozen=True)
 class DenseBaseline:
-    """A dual-encoder baseline row (`gr_jax.dense`): one `gr_jax.train` run of its gin files; `trains`: it trains
-    `--dense_steps` steps on the data dir's training queries (else it is evaluated as it starts, 0 steps); `sized`:
-    its network is the study's `--size` (models/t5_1_1/{size}.gin)."""
+    """A dual-encoder baseline row (`gr_jax.dense`): one `gr_jax.train` run of its gin files (under gin_configs/) and
+    bindings; `trains`: it trains `--dense_steps` steps on the data dir's training queries (else it is evaluated as
+    it starts, 0 steps); `sized`: its network is the study's `--size` (models/t5_1_1/{size}.gin, after its gins)."""
     name: str
-    label: str
+    label: str  # may name {size}
     gin_files: tuple[str, ...]
     trains: bool
     sized: bool = False
+    bindings: tuple[str, ...] = ()
 
 
 DENSE_BASELINES: dict[str, DenseBaseline] = {b.name: b for b in (
@@ -332,36 +338,53 @@ class Study:
                                    "reason": f"no {d2q_file} (python -m gr_jax.tools.doc2query train/generate "
                                              "makes one)"}
         for name in self.dense_baselines:
-            baseline = DENSE_BASELINES[name]
-            steps = self.dense_steps if baseline.trains else 0
-            gin_files = [*baseline.gin_files, *([f"models/t5_1_1/{self.size}.gin"] if baseline.sized else [])]
-            model_dir = out / name
-            bindings = [f"DATA_DIR = {str(dataset.data_dir)!r}", f"DATASET_NAME = {dataset.name!r}",
-                        f"MODEL_DIR = {str(model_dir.resolve())!r}", f"TRAIN_STEPS = {steps}",
-                        f"data.DenseData.eval_split = {self.split!r}"]
-            argv = [self.python, "-m", "gr_jax.train", *(f"--gin_file={f}" for f in gin_files),
-                    *(f"--gin_bindings={b}" for b in bindings)]
+            settings, argv = self.dense_command(dataset, DENSE_BASELINES[name])
+            model_dir = self.dense_dir(dataset, name)
             results[name] = self._baseline(
-                out, name, label=baseline.label.format(size=self.size), argv=argv,
-                settings={"split": self.split, "steps": steps, "gin_files": gin_files},
-                metrics=lambda log, model_dir=model_dir: _final_eval_metrics(model_dir))
+                out, name, label=DENSE_BASELINES[name].label.format(size=self.size), argv=argv, settings=settings,
+                model_dir=model_dir, metrics=lambda log, model_dir=model_dir: _final_eval_metrics(model_dir))
         return results
 
+    def dense_dir(self, dataset: Dataset, name: str) -> pathlib.Path:
+        return self.out_dir / dataset.name / "baselines" / name
+
+    def dense_command(self, dataset: Dataset, baseline: DenseBaseline) -> tuple[dict[str, Any], list[str]]:
+        """(settings, argv) of a dense baseline: its gins and bindings, the data dir, its model dir, its steps and
+        the study's split; not the study's `--gin_file`s and bindings, which configure the generative cells."""
+        steps = self.dense_steps if baseline.trains else 0
+        gin_files = [*baseline.gin_files, *([f"models/t5_1_1/{self.size}.gin"] if baseline.sized else [])]
+        bindings = [f"DATA_DIR = {str(dataset.data_dir)!r}", f"DATASET_NAME = {dataset.name!r}",
+                    f"MODEL_DIR = {str(self.dense_dir(dataset, baseline.name).resolve())!r}",
+                    f"TRAIN_STEPS = {steps}", f"data.DenseData.eval_split = {self.split!r}", *baseline.bindings]
+        settings = {"split": self.split, "steps": steps, "gin_files": gin_files, "bindings": list(baseline.bindings)}
+        return settings, [self.python, "-m", "gr_jax.train", *(f"--gin_file={f}" for f in gin_files),
+                          *(f"--gin_bindings={b}" for b in bindings)]
+
     def _baseline(self, out: pathlib.Path, system: str, *, label: str, settings: dict, argv: list[str],
-                  metrics: Callable[[pathlib.Path], Optional[dict]]) -> dict[str, Any]:
+                  metrics: Callable[[pathlib.Path], Optional[dict]],
+                  model_dir: Optional[pathlib.Path] = None) -> dict[str, Any]:
         """Runs one baseline command (or reuses its result for the same settings); `metrics(log)` reads its metrics
-        after a successful run (None: there are none)."""
+        after a successful run (None: there are none). A training baseline's `model_dir` resumes a run with the same
+        settings (one that stopped part-way) and is cleared for other settings: its checkpoints would be restored."""
         saved = _read_json(out / f"{system}.json")
         if saved and saved.get("status") == "ok" and saved.get("settings") == settings:
             return saved
+        if model_dir is not None:
+            if model_dir.exists() and (saved or {}).get("settings") != settings:
+                logger.info("baseline %s: settings changed, clearing %s", system, model_dir)
+                shutil.rmtree(model_dir)
+            (model_dir / "final_metrics.json").unlink(missing_ok=True)  # Only this run's metrics count.
+        result = {"label": label, "split": self.split, "settings": settings}
+        _write_json(out / f"{system}.json", {**result, "status": "running"})  # Which settings model_dir holds.
         log = out / f"{system}.log"
         start = time.perf_counter()
         returncode = self.runner(argv, log, self.cell_timeout)
         found = metrics(log) if returncode == 0 else None
-        result = {"label": label, "split": self.split, "settings": settings, "seconds": time.perf_counter() - start}
+        result["seconds"] = time.perf_counter() - start
         if found is None:
             result.update(status="failed", reason=failure_reason(log, returncode) if returncode else
-                          f"no metrics in {log}")
+                          f"no metrics in {log}" if model_dir is None else
+                          f"training ended without retrieval metrics in {model_dir / 'final_metrics.json'}")
         else:
             result.update(status="ok", metrics={k: v for k, v in found.items() if k not in ("system", "split")})
         _write_json(out / f"{system}.json", result)
@@ -430,7 +453,8 @@ class Study:
     def run(self) -> dict[str, Any]:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.results = {"settings": {**self.settings(), "steps": self.steps, "rows": [r.key for r in self.rows],
-                                     "schemes": list(self.schemes)},
+                                     "schemes": list(self.schemes), "dense_baselines": list(self.dense_baselines),
+                                     "dense_steps": self.dense_steps},
                         "datasets": {}, "cells": []}
         for dataset in self.datasets:
             self.results["datasets"][dataset.name] = {"data_dir": str(dataset.data_dir), **corpus_stats(dataset,
@@ -477,7 +501,10 @@ def format_markdown(results: dict[str, Any]) -> str:
     """One table per data dir, the study's layout: baselines, then rows; per docid scheme MRR@10, R@1, R@10."""
     settings = results["settings"]
     schemes = settings["schemes"]
-    lines = [f"# Study: T5.1.1-{settings['size']}, {settings['steps']} steps, split {settings['split']}", ""]
+    dense = (f"; dense baselines that train: {settings['dense_steps']} steps" if any(
+        DENSE_BASELINES[name].trains for name in settings.get("dense_baselines", ()) if name in DENSE_BASELINES)
+        else "")
+    lines = [f"# Study: T5.1.1-{settings['size']}, {settings['steps']} steps, split {settings['split']}{dense}", ""]
     for name, info in results["datasets"].items():
         lines += [f"## {name}: {info.get('documents', '?')} documents, {info.get('queries', '?')} "
                   f"{settings['split']} queries", ""]
@@ -527,7 +554,10 @@ def write_plots(results: dict[str, Any], out_dir: pathlib.Path) -> list[str]:
     ok = [c for c in results["cells"] if c["status"] == "ok"]
     written = []
     for name, info in results["datasets"].items():
-        fig, axes = plt.subplots(1, len(METRICS), figsize=(4 * len(METRICS) + 1, 3.5), squeeze=False)
+        baselines = list(info.get("baselines", {}).values())
+        handles = {}
+        fig, axes = plt.subplots(1, len(METRICS), figsize=(4 * len(METRICS) + 1 + 2.5 * bool(baselines), 3.5),
+                                 squeeze=False)
         width = 0.8 / max(len(schemes), 1)
         for ax, (title, key) in zip(axes[0], METRICS):
             for s, scheme in enumerate(schemes):
@@ -535,15 +565,19 @@ def write_plots(results: dict[str, Any], out_dir: pathlib.Path) -> list[str]:
                                 and c["scheme"] == scheme), 0.0) for row in rows]
                 ax.bar([i + (s - (len(schemes) - 1) / 2) * width for i in range(len(rows))], values, width,
                        label=scheme)
-            for system in info.get("baselines", {}).values():
+            for b, system in enumerate(baselines):
+                # A colour and dash pattern each, named in the legend: baselines often tie on a small corpus.
                 if system["status"] == "ok" and key in system["metrics"]:
-                    ax.axhline(system["metrics"][key], linestyle="--", linewidth=1, color="gray")
-                    ax.annotate(system["label"], (len(rows) - 0.5, system["metrics"][key]), fontsize=6,
-                                ha="right", va="bottom", color="gray")
+                    line = ax.axhline(system["metrics"][key], linewidth=1, color=plt.get_cmap("Dark2")(b % 8),
+                                      linestyle=BASELINE_DASHES[b % len(BASELINE_DASHES)])
+                    handles.setdefault(system["label"], line)
             ax.set_xticks(range(len(rows)), rows)
             ax.set_title(title)
             ax.set_ylim(0, 1)
         axes[0][0].legend(title="docids", fontsize=7)
+        if handles:
+            axes[0][-1].legend(handles.values(), handles.keys(), title="baselines", fontsize=7, loc="upper left",
+                               bbox_to_anchor=(1.02, 1.0))
         fig.suptitle(f"{name} ({info.get('documents', '?')} documents)")
         fig.tight_layout()
         path = out_dir / f"{name}.metric_by_row.png"
