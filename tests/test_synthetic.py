@@ -66,3 +66,8 @@ def test_low_rank_report_scores_each_runs_latest_trec_run_at_the_set_size(tmp_pa
     assert summary["k"] == 2 and summary["queries"] == 10 and summary["relevance_rank"] == 5
     assert summary["generative"] == 1.0 and summary["dense"][2]["recall"] == 0.5  # step 3's run, not step 1's
     assert (tmp_path / "plot.png").stat().st_size > 0
+    both = low_rank.main(["--data_dir", str(tmp_path / "p"), "--dense", f"2={tmp_path / 'half'}",
+                          "--dense", f"r4={tmp_path / 'good'}"])  # repeated flags add up
+    assert {r: v["recall"] for r, v in both["dense"].items()} == {2: 0.5, 4: 1.0}
+    with pytest.raises(SystemExit):
+        low_rank.main(["--data_dir", str(tmp_path / "p"), "--dense", f"2={tmp_path / 'half'}", f"2={tmp_path / 'good'}"])

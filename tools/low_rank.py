@@ -79,7 +79,7 @@ def report(*, data_dir: str, dense: dict[int, str], generative: Optional[str], s
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m gr_jax.tools.low_rank", description=__doc__.split("\n\n")[0])
     parser.add_argument("--data_dir", required=True)
-    parser.add_argument("--dense", nargs="+", default=[], help="r=MODEL_DIR pairs")
+    parser.add_argument("--dense", nargs="+", action="extend", default=[], help="r=MODEL_DIR pairs (repeatable)")
     parser.add_argument("--generative", default=None, help="a generative run's model dir")
     parser.add_argument("--split", default="dev")
     parser.add_argument("--out", default=None, help="PNG to write")
@@ -89,6 +89,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         r, sep, model_dir = item.partition("=")
         if not sep or not r.lstrip("r").isdigit():
             parser.error(f"--dense takes r=MODEL_DIR (e.g. 8=runs/dr_r8), got {item!r}")
+        if int(r.lstrip("r")) in dense:
+            parser.error(f"--dense names r={r.lstrip('r')} twice")
         dense[int(r.lstrip("r"))] = model_dir
     return run_tool(lambda: report(data_dir=args.data_dir, dense=dense, generative=args.generative, split=args.split,
                                    out=args.out))
