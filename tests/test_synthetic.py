@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from gr_jax.data.readers import open_dataset
-from gr_jax.dense.spectral import relevance_matrix, spectral_tail
+from gr_jax.dense.spectral import free_embedding_recall, relevance_matrix, spectral_tail
 from gr_jax.tools import synthetic
 
 
@@ -49,6 +49,19 @@ def test_topic_corpora_are_nested_and_queries_come_from_their_document(tmp_path)
         synthetic.topics_corpus(out_dir=str(tmp_path / "small"), num_docs=30, num_topics=4)
 
 
+def test_free_embedding_recall_reaches_what_rank_r_allows():
+    import itertools
+    pairs = np.zeros((10, 5))
+    for i, (a, b) in enumerate(itertools.combinations(range(5), 2)):
+        pairs[i, [a, b]] = 1.0
+    # r = 5 = rank(S*): S = S* itself ranks every pair first. r = 1: s_ij = q_i d_j orders the documents by d_j for
+    # every query, up or down, so at most 2 of the 10 pairs come out whole, the others at most half: <= 0.6.
+    assert free_embedding_recall(pairs, rank=5) == 1.0
+    assert 0.5 <= free_embedding_recall(pairs, rank=1) <= 0.6
+    with pytest.raises(ValueError, match="relevant document"):
+        free_embedding_recall(np.zeros((2, 3)), rank=1)
+
+
 def test_low_rank_report_scores_each_runs_latest_trec_run_at_the_set_size(tmp_path):
     from gr_jax.evaluation import write_trec_run
     from gr_jax.tools import low_rank
@@ -69,5 +82,8 @@ def test_low_rank_report_scores_each_runs_latest_trec_run_at_the_set_size(tmp_pa
     both = low_rank.main(["--data_dir", str(tmp_path / "p"), "--dense", f"2={tmp_path / 'half'}",
                           "--dense", f"r4={tmp_path / 'good'}"])  # repeated flags add up
     assert {r: v["recall"] for r, v in both["dense"].items()} == {2: 0.5, 4: 1.0}
+    assert both["dense"][4]["free_embedding_recall"] == 1.0  # rank 4 holds every pair of 5 documents
+    assert both["dense"][2]["free_embedding_recall"] < 1.0  # in 2 dimensions 4 documents is the most (LIMIT)
     with pytest.raises(SystemExit):
-        low_rank.main(["--data_dir", str(tmp_path / "p"), "--dense", f"2={tmp_path / 'half'}", f"2={tmp_path / 'good'}"])
+        low_rank.main(["--data_dir", str(tmp_path / "p"), "--dense", f"2={tmp_path / 'half'}",
+                       f"2={tmp_path / 'good'}"])

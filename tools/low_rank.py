@@ -6,8 +6,10 @@ model on a pairs corpus (`gr_jax.tools.synthetic pairs`), against the relevance 
 
 Each run dir's latest dev TREC run (`run.dev.{step}.trec`, written by the run's final evaluation) is scored at
 Recall@k with k the number of relevant documents per query (2 for pairs). Prints one JSON line and writes the plot:
-Recall@k against r for the dual encoders, the generative model as a line, and 1 - tail(r), the share of the
-relevance matrix's squared Frobenius norm a rank-r matrix can hold.
+Recall@k against r for the dual encoders, the free-embedding ceiling of dimension r (`free_embedding_recall`: the
+best rank-r scores gradient descent finds with no tower: an estimate of what any tower of dimension r can reach), the
+generative model as a line, and 1 - tail(r), the share of the relevance matrix's squared Frobenius norm a rank-r
+matrix can hold.
 """
 from __future__ import annotations
 
@@ -31,9 +33,9 @@ def latest_run(model_dir: str, split: str) -> pathlib.Path:
 
 
 def report(*, data_dir: str, dense: dict[int, str], generative: Optional[str], split: str,
-           out: Optional[str]) -> dict:
+           out: Optional[str], free_embedding_steps: int = 2000) -> dict:
     from gr_jax.data.readers import open_dataset
-    from gr_jax.dense.spectral import relevance_matrix, spectral_tail
+    from gr_jax.dense.spectral import free_embedding_recall, relevance_matrix, spectral_tail
     from gr_jax.evaluation import read_trec_run, retrieval_metrics, scored_to_ranked
     data = open_dataset(data_dir)
     qrels = data.qrels(split)
@@ -46,9 +48,15 @@ def report(*, data_dir: str, dense: dict[int, str], generative: Optional[str], s
         run = scored_to_ranked(read_trec_run(latest_run(model_dir, split)))
         return retrieval_metrics(run=run, qrels=qrels, ks=(k,))[f"Recall@{k}"]
 
+    def free(r: int) -> dict:
+        if not free_embedding_steps:
+            return {}
+        return {"free_embedding_recall": free_embedding_recall(matrix, rank=r, steps=free_embedding_steps)}
+
     summary = {"data_dir": data_dir, "k": k, "queries": len(qids), "documents": matrix.shape[1],
                "relevance_rank": int(np.linalg.matrix_rank(matrix)),
-               "dense": {r: {"recall": recall(d), "spectral_tail": tail[r]} for r, d in sorted(dense.items())},
+               "dense": {r: {"recall": recall(d), "spectral_tail": tail[r], **free(r)}
+                         for r, d in sorted(dense.items())},
                "generative": recall(generative) if generative else None}
     if out:
         import matplotlib
@@ -57,6 +65,9 @@ def report(*, data_dir: str, dense: dict[int, str], generative: Optional[str], s
         ranks = sorted(dense)
         fig, ax = plt.subplots(figsize=(5.5, 3.8))
         ax.plot(ranks, [summary["dense"][r]["recall"] for r in ranks], marker="o", label="dual encoder (dim r)")
+        if free_embedding_steps:
+            ax.plot(ranks, [summary["dense"][r]["free_embedding_recall"] for r in ranks], marker="s",
+                    color="tab:green", label="free embeddings: best rank-r Q D^T found, no tower")
         ax.plot(ranks, [1 - tail[r] for r in ranks], linestyle="--", color="gray",
                 label="1 - spectral tail(r) (Eq. 14)")
         if generative:
@@ -83,6 +94,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     parser.add_argument("--generative", default=None, help="a generative run's model dir")
     parser.add_argument("--split", default="dev")
     parser.add_argument("--out", default=None, help="PNG to write")
+    parser.add_argument("--free_embedding_steps", type=int, default=2000,
+                        help="Adam steps of the free-embedding ceiling at each r (0: skip)")
     args = parser.parse_args(argv)
     dense = {}
     for item in args.dense:
@@ -93,7 +106,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
             parser.error(f"--dense names r={r.lstrip('r')} twice")
         dense[int(r.lstrip("r"))] = model_dir
     return run_tool(lambda: report(data_dir=args.data_dir, dense=dense, generative=args.generative, split=args.split,
-                                   out=args.out))
+                                   out=args.out, free_embedding_steps=args.free_embedding_steps))
 
 
 if __name__ == "__main__":
