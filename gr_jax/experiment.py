@@ -220,9 +220,18 @@ class BuiltRun:
         return self.checkpointer.restore(self._checkpoint_step(step), abstract_state=self.trainer.abstract_state)
 
     def restore_params(self, step: Optional[int] = None) -> tuple[Any, int]:
-        """(params, step) of `step` (default: latest), without reading the optimizer state."""
+        """(params, step) of `step` (default: latest), without reading the optimizer state. A step that rotated
+        out of `checkpoints/` is read from `best/` when model selection kept it there."""
         step = self._checkpoint_step(step)
-        return self.checkpointer.restore_params(step, abstract_params=self.trainer.abstract_state.params), step
+        checkpointer = self.checkpointer
+        if step not in checkpointer.all_steps():
+            best_dir = pathlib.Path(self.experiment.model_dir) / "best"
+            best = checkpoints.Checkpointer(best_dir, max_to_keep=1) if best_dir.is_dir() else None
+            if best is None or step not in best.all_steps():
+                raise FileNotFoundError(f"no checkpoint of step {step} in {checkpointer.directory} (it has "
+                                        f"{checkpointer.all_steps()}) or in {best_dir}")
+            checkpointer = best
+        return checkpointer.restore_params(step, abstract_params=self.trainer.abstract_state.params), step
 
     def known_docids(self) -> Optional[Container[str]]:
         """The documents this run can retrieve (for the qrels check of `evaluator`); None: not checked."""

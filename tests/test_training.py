@@ -178,6 +178,12 @@ def test_model_selection_stops_after_patience_and_reports_the_best_state(data_di
 
     reported = retrieval(training.evaluate(experiment=experiment, eval_config=config, step=2, progress=False))
     assert len(reported) >= 4 and retrieval(final, "eval/") == {f"eval/{k}": v for k, v in reported.items()}
+    # Once step 2 has rotated out of checkpoints/, evaluating it reads the selected state from best/.
+    shutil.rmtree(tmp_path / "run" / "checkpoints" / "2")
+    assert 2 not in experiment.build().checkpointer.all_steps()
+    assert retrieval(training.evaluate(experiment=experiment, eval_config=config, step=2, progress=False)) == reported
+    with pytest.raises(FileNotFoundError, match="no checkpoint of step 3"):
+        experiment.build().restore_params(3)
     # A stopped run stays stopped when started again, and reports the same.
     again = training.train(experiment=experiment, num_train_steps=8, checkpoint_every_steps=2, eval_config=config,
                            progress=False)
