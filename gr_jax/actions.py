@@ -254,7 +254,7 @@ class SelectModel(Action):
     def start(self, run):
         self.selection = ModelSelection.load(run.model_dir / "selection.json", split=self.split, metric=self.metric,
                                              resumed_step=run.start_step, patience=self.patience)
-        self.best = checkpoints.Checkpointer(run.model_dir / "best", max_to_keep=1, asynchronous=False)
+        self.best = checkpoints.Checkpointer(run.model_dir / checkpoints.BEST_DIR, max_to_keep=1, asynchronous=False)
         return self.selection.stopped
 
     def __call__(self, run, progress):

@@ -22,6 +22,7 @@ logger = logging.getLogger(__name__)
 
 STATE_ITEM = "state"
 INPUT_ITEM = "input"
+BEST_DIR = "best"  # model_dir/best: the state model selection kept (actions.SelectModel)
 
 
 def _as_path(directory: str | os.PathLike) -> epath.Path:

@@ -225,7 +225,7 @@ class BuiltRun:
         step = self._checkpoint_step(step)
         checkpointer = self.checkpointer
         if step not in checkpointer.all_steps():
-            best_dir = pathlib.Path(self.experiment.model_dir) / "best"
+            best_dir = pathlib.Path(self.experiment.model_dir) / checkpoints.BEST_DIR
             best = checkpoints.Checkpointer(best_dir, max_to_keep=1) if best_dir.is_dir() else None
             if best is None or step not in best.all_steps():
                 raise FileNotFoundError(f"no checkpoint of step {step} in {checkpointer.directory} (it has "

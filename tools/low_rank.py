@@ -100,11 +100,12 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     dense = {}
     for item in args.dense:
         r, sep, model_dir = item.partition("=")
-        if not sep or not r.lstrip("r").isdigit():
+        r = r.lstrip("r")
+        if not sep or not r.isdigit():
             parser.error(f"--dense takes r=MODEL_DIR (e.g. 8=runs/dr_r8), got {item!r}")
-        if int(r.lstrip("r")) in dense:
-            parser.error(f"--dense names r={r.lstrip('r')} twice")
-        dense[int(r.lstrip("r"))] = model_dir
+        if int(r) in dense:
+            parser.error(f"--dense names r={r} twice")
+        dense[int(r)] = model_dir
     return run_tool(lambda: report(data_dir=args.data_dir, dense=dense, generative=args.generative, split=args.split,
                                    out=args.out, free_embedding_steps=args.free_embedding_steps))
 
