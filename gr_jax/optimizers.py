@@ -6,8 +6,9 @@ rate; all start their linear warm-up at 0, so the very first update is a no-op, 
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+import re
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -87,6 +88,7 @@ def make_optimizer(
     b2: float = 0.999,
     eps: float = 1e-8,
     weight_decay_mask: Callable | None = decay_matrices_only,
+    learning_rate_scales: Mapping[str, float] | None = None,
 ) -> optax.GradientTransformation:
     """The training optimizer, optionally preceded by global-norm gradient clipping.
 
@@ -101,6 +103,10 @@ def make_optimizer(
     `param -= lr * (adam_update + weight_decay * param)`.
 
     Weight decay applies where `weight_decay_mask(params)` is True (default: tensors with >= 2 dims).
+
+    `learning_rate_scales` (regex on the '/'-joined parameter path -> factor; the first pattern that fully matches
+    wins) multiplies those parameters' updates, i.e. their learning rate: e.g. `{'tower/.*': 0.02}` fine-tunes a
+    pretrained tower at 1/50 of the rate of the layers trained from scratch beside it (GDR's MiniLM query encoder).
     """
     if name not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
@@ -123,6 +129,40 @@ def make_optimizer(
         optimizer = optax.adamw(
             learning_rate=learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=weight_decay_mask
         )
+    if learning_rate_scales:
+        optimizer = optax.chain(optimizer, scale_by_path(learning_rate_scales))
     if clip_norm is None:
         return optimizer
     return optax.chain(optax.clip_by_global_norm(clip_norm), optimizer)
+
+
+class _NoState(NamedTuple):
+    pass
+
+
+def scale_by_path(scales: Mapping[str, float]) -> optax.GradientTransformation:
+    """Multiplies each update by the factor of the first regex of `scales` that fully matches its '/'-joined
+    parameter path (1 where none does). A pattern that matches no parameter is an error (a typo would otherwise
+    silently train everything at the full rate)."""
+    patterns = [(re.compile(pattern), float(factor)) for pattern, factor in scales.items()]
+    for pattern, factor in patterns:
+        if factor < 0:
+            raise ValueError(f"learning-rate scale of {pattern.pattern!r} must be >= 0, got {factor}")
+
+    def factor_of(path) -> float:
+        name = "/".join(str(getattr(key, "key", getattr(key, "name", key))) for key in path)
+        return next((factor for pattern, factor in patterns if pattern.fullmatch(name)), 1.0)
+
+    def init(params):
+        names = ["/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
+                 for path, _ in jax.tree_util.tree_leaves_with_path(params)]
+        unused = [p.pattern for p, _ in patterns if not any(p.fullmatch(name) for name in names)]
+        if unused:
+            raise ValueError(f"learning_rate_scales patterns {unused} match no parameter (e.g. {names[:3]})")
+        return _NoState()
+
+    def update(updates, state, params=None):
+        del params
+        return jax.tree_util.tree_map_with_path(lambda path, u: u * factor_of(path), updates), state
+
+    return optax.GradientTransformation(init, update)

@@ -163,7 +163,7 @@ def _tree_stats(*, path: np.ndarray, depth: np.ndarray, position_splits: int, sa
         position_splits=position_splits, sampled_fits=sampled_fits, collisions=0)
 
 
-def _node_seed(seed: int, path: tuple[int, ...]) -> np.random.SeedSequence:
+def node_seed(seed: int, path: tuple[int, ...]) -> np.random.SeedSequence:
     """A seed per cluster from its path, so each split is reproducible whatever order the tree is built in."""
     return np.random.SeedSequence([seed, len(path), *path])
 
@@ -186,7 +186,7 @@ def _position_split(size: int, k: int) -> np.ndarray:
     return (np.arange(size, dtype=np.int64) * k // size).astype(np.int32)
 
 
-def _import_faiss():
+def import_faiss():
     """faiss, imported on first use, with its OpenMP threads sleeping rather than spinning when idle.
 
     faiss bundles its own libgomp, which reads OMP_WAIT_POLICY when faiss is first imported. Thousands of
@@ -199,10 +199,10 @@ def _import_faiss():
     return faiss
 
 
-def _kmeans_labels(embeddings: np.ndarray, members: np.ndarray, *, k: int, seed: np.random.SeedSequence, niter: int,
+def kmeans_labels(embeddings: np.ndarray, members: np.ndarray, *, k: int, seed: np.random.SeedSequence, niter: int,
                    nredo: int, sample_above: int, sample_size: int) -> tuple[np.ndarray, bool]:
     """(int32[len(members)] cluster of each member, whether the centroids were fit on a sample)."""
-    faiss = _import_faiss()
+    faiss = import_faiss()
 
     sampled = members.size > sample_above
     if sampled:
@@ -228,7 +228,7 @@ def _kmeans_labels(embeddings: np.ndarray, members: np.ndarray, *, k: int, seed:
     return labels, sampled
 
 
-def _check_embeddings(embeddings: np.ndarray) -> None:
+def check_embeddings(embeddings: np.ndarray) -> None:
     if embeddings.ndim != 2 or embeddings.shape[0] < 1 or embeddings.shape[1] < 1:
         raise ValueError(f"embeddings must be a non-empty matrix [num_documents, dim], got shape "
                          f"{list(embeddings.shape)}")
@@ -274,7 +274,7 @@ def build_semantic_ids(
     if not k <= sample_size <= sample_above:
         raise ValueError(f"need k <= sample_size <= sample_above, got k={k}, sample_size={sample_size}, "
                          f"sample_above={sample_above}")
-    _check_embeddings(embeddings)
+    check_embeddings(embeddings)
     n = embeddings.shape[0]
     path = np.full((n, 8), _NO_DIGIT, np.int32)
     depth = np.zeros(n, np.int32)
@@ -297,7 +297,7 @@ def build_semantic_ids(
             if members.size <= k:  # more than c but too few to fit k centroids: one document per cluster
                 labels, sampled = _position_split(members.size, k), False
             else:
-                labels, sampled = _kmeans_labels(embeddings, members, k=k, seed=_node_seed(seed, node), niter=niter,
+                labels, sampled = kmeans_labels(embeddings, members, k=k, seed=node_seed(seed, node), niter=niter,
                                                  nredo=nredo, sample_above=sample_above, sample_size=sample_size)
             counts = np.bincount(labels, minlength=k)
             if np.count_nonzero(counts) < 2:  # k-means put everything in one cluster (identical vectors)

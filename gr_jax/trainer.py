@@ -28,8 +28,10 @@ class TrainState:
     opt_state: Any
 
 
-# Metric sums that become means per unit of `weight` (target tokens for generative losses, queries for dense ones).
-PER_WEIGHT = ("loss", "z_loss", "consistency_loss", "candidates", "log_z_k")
+# Metric sums that become means per unit of `weight` (target tokens for generative losses, queries for dense and
+# GDR ones).
+PER_WEIGHT = ("loss", "z_loss", "consistency_loss", "candidates", "log_z_k", "inter_loss", "intra_loss",
+              "intra_correct")
 
 
 def summarize_metrics(sums: Mapping[str, Any]) -> dict[str, float]:

@@ -92,3 +92,25 @@ def test_dense_gins_bind_a_dense_experiment_through_the_experiment_macro(gin_fil
     assert isinstance(experiment, DenseExperiment) and experiment.dataset.data_dir == "/tmp/data"
     assert check(experiment)
     assert isinstance(gin.query_parameter("training.train.experiment").scoped_configurable_fn(), DenseExperiment)
+
+
+@pytest.mark.parametrize("gin_files, check", [
+    (["gdr/train.gin", "models/t5_1_1/tiny.gin"], lambda e: e.query_tower is None
+     and e.network_config.emb_dim == 256 and e.network_config.decoder_head == "standard"
+     and e.loss.cluster_negative_weight == 2.0 and e.dataset.num_cluster_negatives == 8),
+    (["gdr/minilm.gin", "models/t5_1_1/tiny.gin"], lambda e: type(e.query_tower).__name__ == "MiniLMTower"
+     and e.query_tower_from_document_encoder
+     and list(gin.query_parameter("optimizers.make_optimizer.learning_rate_scales")) == ["tower/.*"]
+     and gin.query_parameter("%TOWER_LEARNING_RATE_SCALE") == 0.02),
+    (["gdr/train.gin", "models/t5_1_1/tiny.gin", "decoders/pawa.gin"],
+     lambda e: e.network_config.decoder_head == "pawa"),
+])
+def test_gdr_gins_bind_a_gdr_experiment_through_the_experiment_macro(gin_files, check):
+    from gr_jax.gdr.experiment import GdrExperiment
+    gin_utils.parse_gin(gin_files=gin_files, bindings=["MODEL_DIR = '/tmp/unused'", "DATA_DIR = '/tmp/data'",
+                                                       "GDR_INDEX = '/tmp/index'", "TRAIN_STEPS = 5"])
+    experiment = gin.query_parameter("%EXPERIMENT").scoped_configurable_fn()
+    assert isinstance(experiment, GdrExperiment) and experiment.dataset.index_dir == "/tmp/index"
+    assert check(experiment)
+    eval_config = gin.query_parameter("training.train.eval_config").scoped_configurable_fn()
+    assert (eval_config.num_beams, eval_config.depth) == (10, 100)  # 10 clusters recalled, 100 documents ranked

@@ -100,6 +100,19 @@ def test_adamw_first_step_by_hand():
     np.testing.assert_allclose(np.asarray(new["scale"]), 2.0 + lr, rtol=1e-6)
 
 
+def test_learning_rate_scales_multiply_the_matching_parameters_steps():
+    """A pretrained tower at 1/50 of the rate: its first Adam step is lr / 50 * sign(g); the rest move by lr."""
+    lr = 0.01
+    tx = optimizers.make_optimizer(name="adamw", learning_rate=lr, learning_rate_scales={"tower/.*": 0.02})
+    params = {"tower": {"kernel": jnp.full((4, 4), 2.0)}, "decoder": {"kernel": jnp.full((4, 4), 2.0)}}
+    grads = jax.tree.map(lambda p: jnp.full(p.shape, 3.0), params)
+    new = _first_update(tx, grads, params)
+    np.testing.assert_allclose(np.asarray(new["tower"]["kernel"]), 2.0 - lr * 0.02, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(new["decoder"]["kernel"]), 2.0 - lr, rtol=1e-6)
+    with pytest.raises(ValueError, match=r"\['towr/.\*'\] match no parameter"):
+        optimizers.make_optimizer(name="adamw", learning_rate=lr, learning_rate_scales={"towr/.*": 0.1}).init(params)
+
+
 def test_clip_norm_clips_the_gradient_before_the_optimizer():
     """Two AdamW steps with g1 = 100 u, g2 = u: clipped to norm |u| both become u, so the second update is
     exactly lr * sign(u); unclipped, the first big gradient dominates the moments and it is not."""

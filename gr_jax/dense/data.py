@@ -265,17 +265,17 @@ class BatchSource:
             raise ValueError(f"the global batch_size={self.batch_size} must be a multiple of num_shards={num_shards}")
         if start_batch < 0:
             raise ValueError(f"start_batch must be >= 0, got {start_batch}")
-        return _prefetched((self.batch(b, shard_index=shard_index, num_shards=num_shards)
-                            for b in _count(start_batch)), size=prefetch)
+        return prefetched((self.batch(b, shard_index=shard_index, num_shards=num_shards)
+                          for b in count_from(start_batch)), size=prefetch)
 
 
-def _count(start: int) -> Iterator[int]:
+def count_from(start: int) -> Iterator[int]:
     while True:
         yield start
         start += 1
 
 
-def _prefetched(items: Iterator, *, size: int) -> Iterator:
+def prefetched(items: Iterator, *, size: int) -> Iterator:
     """`items` produced up to `size` ahead on a daemon thread; an exception there is raised here."""
     if size < 1:
         yield from items

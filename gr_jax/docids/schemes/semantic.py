@@ -77,7 +77,7 @@ def check_docids(docids: Sequence[str], n: int) -> tuple[str, ...]:
     return docids
 
 
-def _digits_of(values: np.ndarray, width: int) -> list[np.ndarray]:
+def digits_of(values: np.ndarray, width: int) -> list[np.ndarray]:
     """The `width` decimal digits of each value, most significant first."""
     return [(values // 10 ** (width - 1 - j)) % 10 for j in range(width)]
 
@@ -98,11 +98,11 @@ def semantic_docid_table(*, docids: Sequence[str], ids: SemanticIds, digit_token
     tokens = np.full((n, ids.max_depth * level_width + leaf_width + 1), PAD_ID, np.int32)
     for level in range(ids.max_depth):
         rows = np.flatnonzero(ids.depth > level)
-        for j, digit in enumerate(_digits_of(ids.path[rows, level], level_width)):
+        for j, digit in enumerate(digits_of(ids.path[rows, level], level_width)):
             tokens[rows, level * level_width + j] = digit_tokens[digit]
     all_rows = np.arange(n)
     leaf_start = ids.depth.astype(np.int64) * level_width
-    for j, digit in enumerate(_digits_of(ids.leaf_position, leaf_width)):
+    for j, digit in enumerate(digits_of(ids.leaf_position, leaf_width)):
         tokens[all_rows, leaf_start + j] = digit_tokens[digit]
     tokens[all_rows, leaf_start + leaf_width] = EOS_ID
     return DocidTable(docids=docids, tokens=tokens)

@@ -1,0 +1,240 @@
+"""GDR's training data: (query, positive document) examples, the positive's cluster id as the decoder's target, its
+frozen vector and vectors of other documents of its cluster (the cluster-adaptive negatives), batched for the
+trainer.
+
+Examples come from three sources, each a (text, document row of the clustered index) pair:
+  * labeled: the training split's queries and their relevant documents (one example per relevant pair);
+  * d2q (`d2q_path`, a file of `gr_jax.data.d2q`'s layouts): synthetic queries of each document, trained like
+    labeled ones (the paper's DocT5Query augmentation; `d2q_queries_per_passage` caps them per document);
+  * indexing (`indexing=True`): every document's own text, cut to input_length tokens, as a query of its cluster
+    (DSI's indexing task): how the generative stage learns the clusters of documents no query names.
+Documents' texts are read by row (`DocumentLookup`) when a batch needs them, never held in memory.
+
+Batches are a pure function of (seed, batch index), as the dual encoder's (`gr_jax.dense.data`): batch b holds
+examples b*B .. b*B + B - 1 of an endless sequence of seeded epoch permutations, and its negatives are drawn from a
+generator seeded by (seed, b); resuming costs nothing and every host computes the same global batch and keeps its
+rows. Each example's M negatives are drawn without replacement from its positive's cluster (other documents; a
+cluster of fewer than M + 1 documents leaves slots empty, row -1).
+
+Batch features (numpy, leading dimension the host's share of the global batch):
+    encoder_input_tokens int32[b, input_length]          the query in the query encoder's tokens
+    decoder_input_tokens, decoder_target_tokens, decoder_loss_weights int32[b, target_length]   its cluster id
+    positive_row int32[b], positive_vector float32[b, dim]
+    negative_rows int32[b, M], negative_vectors float32[b, M, dim]
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import logging
+import pathlib
+from collections.abc import Iterator
+from typing import Optional
+
+import numpy as np
+
+from gr_jax.data.readers import DocumentLookup, open_dataset
+from gr_jax.dense.data import count_from, prefetched
+from gr_jax.dense.towers import Tokenizer
+from gr_jax.gdr import index as gdr_index
+from gr_jax.gdr.index import ClusteredIndex
+
+logger = logging.getLogger(__name__)
+
+_INDEXING = -1  # example_text value of an indexing example (the document's own text)
+
+
+@dataclasses.dataclass(frozen=True)
+class GdrData:
+    """Where a GDR run's data come from (see the module docstring). index_dir: the clustered index
+    (`python -m gr_jax.tools.gdr_index`), whose documents must be the data dir's collection."""
+    name: str
+    data_dir: str
+    index_dir: str
+    input_length: int = 32
+    train_split: str = "train"
+    eval_split: str = "dev"
+    num_cluster_negatives: int = 8
+    indexing: bool = True
+    d2q_path: Optional[str] = None
+    d2q_queries_per_passage: Optional[int] = None
+    vocabulary_path: Optional[str] = None
+
+    def __post_init__(self):
+        if self.input_length < 2 or self.num_cluster_negatives < 0:
+            raise ValueError(f"input_length must be >= 2 and num_cluster_negatives >= 0, got {self.input_length} and "
+                             f"{self.num_cluster_negatives}")
+        if self.d2q_queries_per_passage is not None and self.d2q_queries_per_passage < 1:
+            raise ValueError(f"d2q_queries_per_passage must be >= 1 or None, got {self.d2q_queries_per_passage}")
+
+    @functools.cached_property
+    def target_length(self) -> int:
+        """The cluster ids' length, EOS included (every level's digits, then EOS), from the index's manifest."""
+        manifest_path = pathlib.Path(self.index_dir) / gdr_index.MANIFEST
+        if not manifest_path.is_file():
+            raise FileNotFoundError(f"{manifest_path} is missing: build the clustered index first (python -m "
+                                    f"gr_jax.tools.gdr_index --index_dir ... --out_dir {self.index_dir})")
+        branching = json.loads(manifest_path.read_text())["clusters"]["branching"]
+        return sum(len(str(k - 1)) for k in branching) + 1
+
+    @property
+    def tokens_per_example(self) -> int:
+        return self.input_length + self.target_length
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Examples:
+    """query_texts: str[Q] (labeled and d2q queries); example_text: int64[E], an index into query_texts or -1 (the
+    document's own text); example_row: int64[E], the positive's row in the clustered index; collection_row:
+    int64[num index rows], each index row's row in the data dir's collection (-1: an added document)."""
+    query_texts: tuple[str, ...]
+    example_text: np.ndarray
+    example_row: np.ndarray
+    collection_row: np.ndarray
+    counts: dict
+
+    def __len__(self) -> int:
+        return len(self.example_row)
+
+
+def training_examples(*, data: GdrData, index: ClusteredIndex) -> Examples:
+    """Every training example of `data` over `index`'s documents (see the module docstring)."""
+    from gr_jax.dense.data import CorpusDocuments
+    from gr_jax.tasks.sources import labeled_queries
+    corpus = CorpusDocuments(open_dataset(data.data_dir))
+    collection_row = np.full(len(index), -1, np.int64)
+    in_index = index.rows_of(corpus.docids)
+    if (in_index < 0).any():
+        missing = corpus.docid(int(np.argmax(in_index < 0)))
+        raise ValueError(f"{data.data_dir}: {int((in_index < 0).sum())} documents of the collection (e.g. "
+                         f"{missing!r}) are not in the clustered index {data.index_dir}: an index of another corpus?")
+    collection_row[in_index] = np.arange(len(corpus))
+    texts: list[str] = []
+    example_text: list[np.ndarray] = []
+    example_row: list[np.ndarray] = []
+    counts = {}
+    labeled = labeled_queries(dataset=corpus.dataset, split=data.train_split, known_docids=corpus,
+                              first_relevant_only=False)
+    texts.extend(labeled.texts)
+    example_text.append(np.arange(len(labeled.texts), dtype=np.int64))
+    example_row.append(index.rows_of(labeled.docids))
+    counts["labeled"] = len(labeled.texts)
+    if data.d2q_path is not None:
+        from gr_jax.data.d2q import iter_passage_queries
+        start, rows = len(texts), []
+        for docid, queries in iter_passage_queries(data.d2q_path, docids_in_order=(d.decode() for d in corpus.docids),
+                                                   is_docid=corpus.__contains__):
+            queries = queries[:data.d2q_queries_per_passage] if data.d2q_queries_per_passage else queries
+            texts.extend(queries)
+            rows.extend([docid] * len(queries))
+        example_text.append(np.arange(start, len(texts), dtype=np.int64))
+        example_row.append(index.rows_of(rows))
+        counts["d2q"] = len(texts) - start
+    if data.indexing:
+        example_text.append(np.full(len(corpus), _INDEXING, np.int64))
+        example_row.append(in_index.astype(np.int64))
+        counts["indexing"] = len(corpus)
+    example_row_all = np.concatenate(example_row)
+    if not len(example_row_all):
+        raise ValueError(f"{data.data_dir}: no training example (no labeled {data.train_split!r} query, no d2q file, "
+                         "indexing off)")
+    logger.info("GDR training examples: %s", counts)
+    return Examples(query_texts=tuple(texts), example_text=np.concatenate(example_text), example_row=example_row_all,
+                    collection_row=collection_row, counts=counts)
+
+
+class GdrBatchSource:
+    """Global batch b of the endless, seeded example sequence (see the module docstring)."""
+
+    def __init__(self, *, data: GdrData, index: ClusteredIndex, examples: Examples, cluster_tokens: np.ndarray,
+                 tokenizer: Tokenizer, batch_size: int, seed: int):
+        if cluster_tokens.shape != (index.clusters.num_clusters, data.target_length):
+            raise ValueError(f"cluster id tokens of shape {list(cluster_tokens.shape)} for "
+                             f"{index.clusters.num_clusters} clusters of length {data.target_length}")
+        self.data = data
+        self.index = index
+        self.examples = examples
+        self.cluster_tokens = cluster_tokens
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.seed = seed
+        self.offsets, self.members = index.clusters.members()
+        self._lookup = DocumentLookup(open_dataset(data.data_dir))
+        self._epoch_order: tuple[int, np.ndarray] = (-1, np.zeros(0, np.int64))
+        self._reported_truncation = False
+
+    def _order(self, epoch: int) -> np.ndarray:
+        if self._epoch_order[0] != epoch:
+            self._epoch_order = (epoch, np.random.default_rng([self.seed, epoch]).permutation(len(self.examples)))
+        return self._epoch_order[1]
+
+    def example_indices(self, batch: int) -> np.ndarray:
+        """int64[batch_size]: the examples of global batch `batch`."""
+        positions = np.arange(batch * self.batch_size, (batch + 1) * self.batch_size)
+        epochs, within = np.divmod(positions, len(self.examples))
+        return np.array([self._order(int(e))[int(w)] for e, w in zip(epochs, within)], np.int64)
+
+    def cluster_negatives(self, batch: int, rows: np.ndarray) -> np.ndarray:
+        """int64[len(rows), M]: for each positive row, M other documents of its cluster (-1 past the cluster's)."""
+        m = self.data.num_cluster_negatives
+        out = np.full((len(rows), m), -1, np.int64)
+        if not m:
+            return out
+        rng = np.random.default_rng([self.seed, batch, 2])
+        clusters = self.index.clusters.assignment[rows]
+        for i, (row, cluster) in enumerate(zip(rows.tolist(), clusters.tolist())):
+            start, stop = int(self.offsets[cluster]), int(self.offsets[cluster + 1])
+            take = min(m + 1, stop - start)
+            drawn = self.members[start + rng.choice(stop - start, size=take, replace=False)]
+            drawn = drawn[drawn != row][:m]
+            out[i, :len(drawn)] = drawn
+        return out
+
+    def _texts(self, examples: np.ndarray) -> list[str]:
+        text_ids = self.examples.example_text[examples]
+        rows = self.examples.example_row[examples]
+        texts = [self.examples.query_texts[t] if t >= 0 else "" for t in text_ids.tolist()]
+        indexing = np.flatnonzero(text_ids == _INDEXING)
+        if indexing.size:
+            documents = self._lookup.texts(self.examples.collection_row[rows[indexing]].tolist())
+            for i, (_, text) in zip(indexing.tolist(), documents):
+                texts[i] = text
+        return texts
+
+    def batch(self, batch: int, *, shard_index: int = 0, num_shards: int = 1) -> dict[str, np.ndarray]:
+        """This host's rows of global batch `batch` (see the module docstring for the features)."""
+        examples = self.example_indices(batch)
+        rows = self.examples.example_row[examples]
+        negatives = self.cluster_negatives(batch, rows)
+        share = self.batch_size // num_shards
+        mine = slice(shard_index * share, (shard_index + 1) * share)
+        examples, rows, negatives = examples[mine], rows[mine], negatives[mine]
+        queries = self.tokenizer(self._texts(examples), length=self.data.input_length)
+        if queries.truncated and not self._reported_truncation:
+            logger.warning("texts longer than input_length=%d tokens are cut to it (%d of this batch's %d; "
+                           "documents' own texts for indexing are cut as FirstP); said once per run",
+                           self.data.input_length, queries.truncated, len(rows))
+            self._reported_truncation = True
+        targets = self.cluster_tokens[self.index.clusters.assignment[rows]]
+        decoder_inputs = np.concatenate([np.zeros((len(rows), 1), np.int32), targets[:, :-1]], axis=1)
+        return {
+            "encoder_input_tokens": queries.ids.astype(np.int32),
+            "decoder_input_tokens": decoder_inputs.astype(np.int32),
+            "decoder_target_tokens": targets.astype(np.int32),
+            "decoder_loss_weights": (targets > 0).astype(np.int32),
+            "positive_row": rows.astype(np.int32),
+            "positive_vector": self.index.vectors(rows),
+            "negative_rows": negatives.astype(np.int32),
+            "negative_vectors": self.index.vectors(negatives),
+        }
+
+    def batches(self, *, start_batch: int = 0, shard_index: int = 0, num_shards: int = 1,
+                prefetch: int = 2) -> Iterator[dict[str, np.ndarray]]:
+        """Endless batches from `start_batch`, made `prefetch` ahead on a background thread."""
+        if self.batch_size % num_shards:
+            raise ValueError(f"the global batch_size={self.batch_size} must be a multiple of num_shards={num_shards}")
+        if start_batch < 0:
+            raise ValueError(f"start_batch must be >= 0, got {start_batch}")
+        return prefetched((self.batch(b, shard_index=shard_index, num_shards=num_shards)
+                           for b in count_from(start_batch)), size=prefetch)

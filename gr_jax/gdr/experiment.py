@@ -1,0 +1,212 @@
+"""What a GDR run is (the generative cluster decoder, its query encoder, the clustered index it ranks, its data,
+optimizer, batch and mesh) and its live objects.
+
+The counterpart of `gr_jax.experiment.Experiment` and `gr_jax.dense.experiment.DenseExperiment`: `build()` gives a
+`GdrBuilt`, which the same training loop, checkpoints, evaluation actions and entry points (`gr_jax.train`,
+`gr_jax.eval`, `gr_jax.infer`, `gr-jax search`) use through `gr_jax.experiment.BuiltRun`. gin: `gin_configs/gdr/`.
+
+The document vectors are frozen: they are the clustered index's (`gr_jax.gdr.index`), made by a dense run's
+document encoder. A run records that encoder's fingerprint (`model_dir/document_encoder.json`) when it starts, and
+refuses an index whose vectors another encoder made.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import pathlib
+from collections.abc import Callable, Container, Iterator, Sequence
+from typing import Any, Optional
+
+import jax
+import numpy as np
+import optax
+from flax import traverse_util
+
+from gr_jax import checkpoints
+from gr_jax import network
+from gr_jax import optimizers
+from gr_jax.data.readers import DataFormatError, open_dataset
+from gr_jax.dense.towers import SentencePieceTokenizer, Tokenizer, Tower
+from gr_jax.docids import DocidSpace
+from gr_jax.docids.schemes.semantic import digit_token_ids
+from gr_jax.experiment import BuiltRun, RetrievalSettings, training_parts, vocabulary_file
+from gr_jax.gdr.clusters import cluster_id_table
+from gr_jax.gdr.data import GdrBatchSource, GdrData, training_examples
+from gr_jax.gdr.index import ClusteredIndex
+from gr_jax.gdr.losses import GdrLoss
+from gr_jax.gdr.model import GdrModel
+from gr_jax.retrievers.gdr import GdrRetriever
+from gr_jax.trainer import Trainer
+from gr_jax.vocabulary import load_vocabulary
+
+DOCUMENT_ENCODER_FILE = "document_encoder.json"
+CLUSTER_SCHEME = "gdr_clusters"
+
+
+@dataclasses.dataclass(frozen=True)
+class GdrExperiment:
+    """A GDR run (see the module docstring).
+
+    network_config: the T5.1.1 of the cluster decoder (size gin; `decoder_head` standard or pawa) and, when
+    `query_tower` is None, of the query encoder. query_tower: a dual-encoder tower (`gr_jax.dense.towers`) as the
+    query encoder instead; its weights are its pretrained ones, or with `query_tower_from_document_encoder` those
+    of the dense run that encoded the documents (its query tower at the index's step). temperature: tau of
+    S_intra; cluster_weight: the weight of log p(cluster | q) in the retriever's combined score.
+    """
+    model_dir: str
+    dataset: GdrData
+    network_config: network.T5Config
+    learning_rate: optax.Schedule
+    query_tower: Optional[Tower] = None
+    query_tower_from_document_encoder: bool = False
+    temperature: float = 0.05
+    cluster_weight: float = 1.0
+    optimizer_factory: Callable[..., optax.GradientTransformation] = optimizers.make_optimizer
+    loss: GdrLoss = GdrLoss()
+    batch_size: int = 32
+    num_microbatches: int = 1
+    seed: int = 0
+    mesh_data: int = -1
+    mesh_model: int = 1
+
+    def __post_init__(self):
+        if self.query_tower_from_document_encoder and self.query_tower is None:
+            raise ValueError("query_tower_from_document_encoder needs a query_tower (the T5 encoder has no dense "
+                             "run to start from)")
+
+    def build(self, *, keep_checkpoints: int = 3) -> GdrBuilt:
+        """Reads the vocabulary and the clustered index, builds the cluster-id space, model, mesh and trainer (no
+        parameter is allocated)."""
+        dataset = self.dataset
+        vocabulary = load_vocabulary(vocabulary_file(dataset))
+        index = ClusteredIndex.load(dataset.index_dir)
+        check_document_encoder(self.model_dir, index)
+        table = cluster_id_table(index.clusters, digit_tokens=digit_token_ids(vocabulary))
+        table.check_fits(dataset.target_length)
+        space = DocidSpace.from_table(table, scheme=CLUSTER_SCHEME, text_vocab_size=vocabulary.vocab_size)
+        config = self.network_config.head.with_docid_range(self.network_config, space.docid_token_range)
+        if config.vocab_size is None:
+            config = config.with_vocab_size(space.model_vocab_size)
+        elif config.vocab_size < space.model_vocab_size:
+            raise ValueError(f"T5Config.vocab_size={config.vocab_size} is smaller than the {space.model_vocab_size} "
+                             "token ids the vocabulary and cluster ids need")
+        tower = self.query_tower.for_data(data_dir=dataset.data_dir) if self.query_tower is not None else None
+        model = GdrModel(config=config, query_tower=tower, document_dim=index.dim, temperature=self.temperature,
+                         gdr_loss=self.loss)
+        mesh, trainer, checkpointer = training_parts(self, model=model, keep_checkpoints=keep_checkpoints)
+        tokenizer = tower.tokenizer(data_dir=dataset.data_dir) if tower is not None else SentencePieceTokenizer(
+            vocabulary)
+        return GdrBuilt(experiment=self, model=model, mesh=mesh, trainer=trainer, checkpointer=checkpointer,
+                        vocabulary=vocabulary, cluster_space=space, index=index, tokenizer=tokenizer)
+
+
+def check_document_encoder(model_dir: str, index: ClusteredIndex) -> None:
+    """Raises when `model_dir` was trained against document vectors of another encoder than `index`'s."""
+    path = pathlib.Path(model_dir) / DOCUMENT_ENCODER_FILE
+    if path.is_file():
+        trained = json.loads(path.read_text())
+        if trained != index.encoder:
+            where = index.directory or "the clustered index"
+            raise DataFormatError(f"{where}: its document vectors come from the encoder {index.encoder}, but the run "
+                                  f"{model_dir} was trained against {trained} ({path}): an index of another encoder")
+
+
+def tower_params_from_run(*, model_dir: str, step: int, fresh: Any, shardings: Any) -> Any:
+    """The query tower of the dense run `model_dir` at `step` (its `checkpoints/` or `best/`), shaped as `fresh`:
+    the shared tower (`tower`) or, with separate towers, `query_tower`."""
+    for sub in ("checkpoints", checkpoints.BEST_DIR):
+        directory = pathlib.Path(model_dir) / sub
+        if not (directory / str(step)).is_dir():
+            continue
+        checkpointer = checkpoints.Checkpointer(directory, max_to_keep=None)
+        try:
+            saved = checkpointer.saved_params(step)
+            name = "tower" if any(p.startswith("tower/") for p in saved) else "query_tower"
+            abstract = jax.tree.map(lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype,
+                                                                                 sharding=sharding), fresh, shardings)
+            wanted = {f"{name}/{path}" for path in traverse_util.flatten_dict(abstract, sep="/")}
+            missing = sorted(wanted - set(saved))
+            if missing:
+                raise ValueError(f"{directory / str(step)}: the dense run's {name} lacks {len(missing)} parameters of "
+                                 f"this query tower (e.g. {missing[0]}): another tower?")
+            return checkpointer.restore_params(step, abstract_params={name: abstract})[name]
+        finally:
+            checkpointer.close()
+    raise FileNotFoundError(f"no checkpoint of step {step} in {model_dir}/checkpoints or {model_dir}/"
+                            f"{checkpoints.BEST_DIR}: the document encoder's run is needed to start the query tower")
+
+
+@dataclasses.dataclass
+class GdrBuilt(BuiltRun):
+    """A GdrExperiment's live objects."""
+    experiment: GdrExperiment
+    model: GdrModel
+    mesh: Any
+    trainer: Trainer
+    checkpointer: checkpoints.Checkpointer
+    vocabulary: Any
+    cluster_space: DocidSpace
+    index: ClusteredIndex
+    tokenizer: Tokenizer
+
+    def init_state(self):
+        """A fresh train state: the query tower's weights loaded (see `GdrExperiment`), and the document encoder's
+        fingerprint recorded in the model dir."""
+        experiment = self.experiment
+        state = self.trainer.init_state(jax.random.PRNGKey(experiment.seed))
+        tower = self.model.query_tower
+        if tower is not None:
+            params = dict(state.params)
+            shardings = self.trainer.state_shardings.params["tower"]
+            if experiment.query_tower_from_document_encoder:
+                encoder = self.index.encoder
+                params["tower"] = tower_params_from_run(model_dir=encoder["model_dir"], step=int(encoder["step"]),
+                                                        fresh=params["tower"], shardings=shardings)
+            else:
+                params["tower"] = tower.load_params(fresh=params["tower"], shardings=shardings)
+            state = state.replace(params=params)
+        path = pathlib.Path(experiment.model_dir) / DOCUMENT_ENCODER_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.index.encoder, indent=1))
+        return state
+
+    @functools.cached_property
+    def batch_source(self) -> GdrBatchSource:
+        experiment = self.experiment
+        return GdrBatchSource(data=experiment.dataset, index=self.index,
+                              examples=training_examples(data=experiment.dataset, index=self.index),
+                              cluster_tokens=np.asarray(self.cluster_space.table.tokens), tokenizer=self.tokenizer,
+                              batch_size=experiment.batch_size, seed=experiment.seed)
+
+    def train_batches(self, *, start_batch: int) -> Iterator[dict]:
+        return self.batch_source.batches(start_batch=start_batch, shard_index=jax.process_index(),
+                                         num_shards=jax.process_count())
+
+    @property
+    def tokens_per_batch(self) -> int:
+        return self.experiment.batch_size * self.experiment.dataset.tokens_per_example
+
+    def retriever(self, params: Any = None, *, settings: RetrievalSettings, show_progress: bool = False,
+                  step: Optional[int] = None) -> GdrRetriever:
+        """The model with `params` as a GDR retriever: settings.num_beams clusters recalled per query, their
+        documents ranked (any depth)."""
+        del step
+        return GdrRetriever(model=self.model, params=params, cluster_space=self.cluster_space, index=self.index,
+                            tokenizer=self.tokenizer, input_length=self.experiment.dataset.input_length,
+                            mesh=self.mesh, param_shardings=self.trainer.state_shardings.params,
+                            batch_size=settings.batch_size, num_beams=settings.num_beams,
+                            cluster_weight=self.experiment.cluster_weight, rules=self.trainer.rules,
+                            show_progress=show_progress)
+
+    def known_docids(self) -> Optional[Container[str]]:
+        return self.index
+
+    @functools.cached_property
+    def _corpus(self):
+        from gr_jax.dense.data import CorpusDocuments
+        return CorpusDocuments(open_dataset(self.experiment.dataset.data_dir))
+
+    def collection_rows(self, docids: Sequence[str]) -> np.ndarray:
+        """Each docid's row in the data dir's collection (-1: an added document, or none)."""
+        return self._corpus.rows_of(docids)

@@ -1,0 +1,126 @@
+"""The GDR model: one query encoder feeding a cluster-id decoder and a query vector (Yuan et al. 2024, Sec. 3).
+
+    query tokens -> query encoder -> states [B, L, width] --(bridge)--> T5 decoder + head -> cluster id tokens
+                                                      \\--> mean pool -> (projection) -> L2 norm -> r_q [B, dim]
+
+The query encoder is the T5.1.1 encoder of `config` (as the paper, which starts from T5-base), or a dual-encoder
+tower (`gr_jax.dense.towers`, e.g. all-MiniLM-L6-v2) whose states reach the T5 decoder's cross-attention through a
+linear bridge to the decoder's width: with no pretrained T5 offline, that is how pretrained knowledge reaches the
+generative stage. r_q is scored against the frozen document vectors of `gr_jax.gdr.index` (dimension
+`document_dim`): a tower of that width is used as is (so a tower initialised from the dense run that encoded the
+documents starts out as its query encoder), any other width goes through a learned projection.
+
+`GdrNetwork` is `gr_jax.network.Transformer` with the encoder swapped and a query-vector method, so the decoding
+machinery (prefill, incremental decoding, constrained beam search, `score_docids`) is the generative model's own.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping, Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from gr_jax import losses
+from gr_jax import network
+from gr_jax.dense.towers import Tower
+from gr_jax.encoders.minilm import l2_normalize, mean_pool
+from gr_jax.gdr.losses import GdrLoss
+from gr_jax.models import EncoderDecoderModel
+
+Array = jax.Array
+Batch = Mapping[str, Array]
+
+
+class GdrNetwork(network.Transformer):
+    """T5.1.1 with an optional tower as its encoder, and the query vector r_q (see the module docstring)."""
+    query_tower: Optional[Tower] = None
+    document_dim: int = 0
+
+    def setup(self):
+        super().setup()
+        width = self.config.emb_dim
+        if self.query_tower is not None:
+            self.tower = self.query_tower.module()
+            self.bridge = nn.Dense(self.config.emb_dim, dtype=self.config.dtype, name="bridge")
+            width = self.query_tower.hidden_size
+        if self.document_dim < 1:
+            raise ValueError(f"document_dim must be >= 1, got {self.document_dim}")
+        needs_projection = self.query_tower is None or width != self.document_dim
+        self.query_projection = nn.Dense(self.document_dim, name="query_projection") if needs_projection else None
+
+    def query_states(self, encoder_input_tokens: Array, *, enable_dropout: bool = False) -> Array:
+        """int32[B, L] -> the query encoder's states [B, L, width] (the T5 encoder's or the tower's)."""
+        if self.query_tower is None:
+            return super().encode(encoder_input_tokens, enable_dropout=enable_dropout)
+        return self.tower.token_states(encoder_input_tokens, encoder_input_tokens > 0, not enable_dropout)
+
+    def _bridged(self, states: Array) -> Array:
+        return states if self.query_tower is None else self.bridge(states.astype(jnp.float32))
+
+    def encode(self, encoder_input_tokens: Array, *, enable_dropout: bool = False) -> Array:
+        """What the decoder cross-attends to: [B, L, emb_dim] (the parent's prefill and decoding use it)."""
+        return self._bridged(self.query_states(encoder_input_tokens, enable_dropout=enable_dropout))
+
+    def query_vector(self, states: Array, encoder_input_tokens: Array) -> Array:
+        """r_q float32[B, document_dim], unit length, from the encoder's states [B, L, width]."""
+        pooled = mean_pool(states.astype(jnp.float32), encoder_input_tokens > 0)
+        if self.query_projection is not None:
+            pooled = self.query_projection(pooled)
+        return l2_normalize(pooled)
+
+    def query_vectors(self, encoder_input_tokens: Array) -> Array:
+        return self.query_vector(self.query_states(encoder_input_tokens), encoder_input_tokens)
+
+    def train_outputs(self, encoder_input_tokens: Array, decoder_input_tokens: Array, *,
+                      enable_dropout: bool = False) -> tuple[Array, Array, Array]:
+        """One pass of both stages over one encoding: (logits, decoder states, r_q)."""
+        states = self.query_states(encoder_input_tokens, enable_dropout=enable_dropout)
+        logits, decoder_states = self.decode(self._bridged(states), encoder_input_tokens, decoder_input_tokens,
+                                             enable_dropout=enable_dropout, return_states=True)
+        return logits, decoder_states, self.query_vector(states, encoder_input_tokens)
+
+
+@dataclasses.dataclass(frozen=True)
+class GdrModel(EncoderDecoderModel):
+    """The GDR network and its loss, as the trainer and the GDR retriever see it. `config` is the T5.1.1 of the
+    cluster decoder (and of the query encoder when `query_tower` is None); its head (standard or PAWA) decodes the
+    cluster ids. temperature: tau of S_intra, in training and in the retriever's combined score.
+
+    Batches: encoder_input_tokens int32[B, input_length]; decoder_input/target_tokens, decoder_loss_weights
+    [B, target_length] (the positive's cluster id); positive_row int32[B], positive_vector float32[B, dim];
+    negative_rows int32[B, M] (-1: empty), negative_vectors float32[B, M, dim] (`gr_jax.gdr.data`).
+    """
+    query_tower: Optional[Tower] = None
+    document_dim: int = 384
+    temperature: float = 0.05
+    gdr_loss: GdrLoss = GdrLoss()
+
+    def __post_init__(self):
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+
+    @property
+    def module(self) -> GdrNetwork:
+        return GdrNetwork(self.config, query_tower=self.query_tower, document_dim=self.document_dim)
+
+    def init(self, rng: Array, *, input_length: int, target_length: int, batch_size: int = 1) -> dict:
+        enc = jnp.ones((batch_size, input_length), jnp.int32)
+        dec = jnp.ones((batch_size, target_length), jnp.int32)
+        return self.module.init({"params": rng, "dropout": rng}, enc, dec, method=GdrNetwork.train_outputs)
+
+    def loss_fn(self, params, batch: Batch, dropout_rng: Optional[Array]) -> tuple[Array, dict]:
+        rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
+        logits, states, query_vectors = self.module.apply(
+            {"params": params}, batch["encoder_input_tokens"], batch["decoder_input_tokens"],
+            enable_dropout=dropout_rng is not None, rngs=rngs, method=GdrNetwork.train_outputs)
+        columns, weights, invalid = self._columns_and_weights(batch, length=logits.shape[1])
+        outputs = losses.Outputs(logits=logits, states=states, columns=columns, weights=weights, invalid=invalid)
+        return self.gdr_loss(outputs=outputs, query_vectors=query_vectors, positive_vectors=batch["positive_vector"],
+                             positive_rows=batch["positive_row"], negative_vectors=batch["negative_vectors"],
+                             negative_rows=batch["negative_rows"], temperature=self.temperature)
+
+    def query_vectors(self, params, encoder_input_tokens: Array) -> Array:
+        """r_q float32[B, document_dim] without dropout."""
+        return self.module.apply({"params": params}, encoder_input_tokens, method=GdrNetwork.query_vectors)
