@@ -149,13 +149,15 @@ def scale_by_path(scales: Mapping[str, float]) -> optax.GradientTransformation:
         if factor < 0:
             raise ValueError(f"learning-rate scale of {pattern.pattern!r} must be >= 0, got {factor}")
 
+    def name_of(path) -> str:
+        return "/".join(str(getattr(key, "key", getattr(key, "name", key))) for key in path)
+
     def factor_of(path) -> float:
-        name = "/".join(str(getattr(key, "key", getattr(key, "name", key))) for key in path)
+        name = name_of(path)
         return next((factor for pattern, factor in patterns if pattern.fullmatch(name)), 1.0)
 
     def init(params):
-        names = ["/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
-                 for path, _ in jax.tree_util.tree_leaves_with_path(params)]
+        names = [name_of(path) for path, _ in jax.tree_util.tree_leaves_with_path(params)]
         unused = [p.pattern for p, _ in patterns if not any(p.fullmatch(name) for name in names)]
         if unused:
             raise ValueError(f"learning_rate_scales patterns {unused} match no parameter (e.g. {names[:3]})")
