@@ -388,11 +388,19 @@ def test_minilm_query_tower_starts_as_the_query_encoder_of_the_dense_run_that_en
     gin_utils.parse_gin(gin_files=["gdr/minilm.gin", "models/t5_1_1/tiny.gin"],
                         bindings=[f"MODEL_DIR = '{tmp_path / 'gdr'}'", f"DATA_DIR = '{spm_data_dir}'",
                                   f"GDR_INDEX = '{tmp_path / 'gidx'}'", "TRAIN_STEPS = 1", "QUERY_LENGTH = 16",
+                                  "BATCH_SIZE = 8", "TRAIN_QUERY_TOWER = False", "WARMUP_STEPS = 0",
                                   "network.T5Config.num_encoder_layers = 1", "network.T5Config.num_decoder_layers = 1"])
     built = gin.query_parameter("%EXPERIMENT").scoped_configurable_fn().build()
-    params = built.init_state().params
+    state = built.init_state()
     texts = ["sourdough bread", "kimchi"]
-    ours = np.asarray(built.model.query_vectors(params, jnp.asarray(built.tokenizer(texts, length=16).ids)))
+    ours = np.asarray(built.model.query_vectors(state.params, jnp.asarray(built.tokenizer(texts, length=16).ids)))
     gin.clear_config()
     _, dense = restore_retriever(str(dense_dir), settings=EvalConfig())
     np.testing.assert_allclose(ours, dense.encode(texts, side=QUERY), atol=2e-5)
+    # A frozen tower stays as loaded through training (no update, no weight decay); the bridge learns.
+    before = jax.device_get(state.params)
+    state, _ = built.trainer.train_step(state, built.batch_source.batch(1), jax.random.PRNGKey(0))
+    state, _ = built.trainer.train_step(state, built.batch_source.batch(2), jax.random.PRNGKey(1))
+    after = jax.device_get(state.params)
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(before["tower"]), jax.tree.leaves(after["tower"])))
+    assert not np.array_equal(before["bridge"]["kernel"], after["bridge"]["kernel"])

@@ -51,8 +51,9 @@ class GdrExperiment:
     network_config: the T5.1.1 of the cluster decoder (size gin; `decoder_head` standard or pawa) and, when
     `query_tower` is None, of the query encoder. query_tower: a dual-encoder tower (`gr_jax.dense.towers`) as the
     query encoder instead; its weights are its pretrained ones, or with `query_tower_from_document_encoder` those
-    of the dense run that encoded the documents (its query tower at the index's step). temperature: tau of
-    S_intra; cluster_weight: the weight of log p(cluster | q) in the retriever's combined score.
+    of the dense run that encoded the documents (its query tower at the index's step); train_query_tower=False
+    keeps them as loaded (no backward pass through the tower, its updates zeroed: the cheap setting of `make demo`).
+    temperature: tau of S_intra; cluster_weight: the weight of log p(cluster | q) in the retriever's combined score.
     """
     model_dir: str
     dataset: GdrData
@@ -60,6 +61,7 @@ class GdrExperiment:
     learning_rate: optax.Schedule
     query_tower: Optional[Tower] = None
     query_tower_from_document_encoder: bool = False
+    train_query_tower: bool = True
     temperature: float = 0.05
     cluster_weight: float = 1.0
     optimizer_factory: Callable[..., optax.GradientTransformation] = optimizers.make_optimizer
@@ -93,12 +95,21 @@ class GdrExperiment:
                              "token ids the vocabulary and cluster ids need")
         tower = self.query_tower.for_data(data_dir=dataset.data_dir) if self.query_tower is not None else None
         model = GdrModel(config=config, query_tower=tower, document_dim=index.dim, temperature=self.temperature,
-                         gdr_loss=self.loss)
-        mesh, trainer, checkpointer = training_parts(self, model=model, keep_checkpoints=keep_checkpoints)
+                         gdr_loss=self.loss, train_query_tower=self.train_query_tower)
+        experiment = self
+        if tower is not None and not self.train_query_tower:  # no update (nor weight decay) reaches the tower
+            experiment = dataclasses.replace(self, optimizer_factory=_frozen_tower(self.optimizer_factory))
+        mesh, trainer, checkpointer = training_parts(experiment, model=model, keep_checkpoints=keep_checkpoints)
         tokenizer = tower.tokenizer(data_dir=dataset.data_dir) if tower is not None else SentencePieceTokenizer(
             vocabulary)
         return GdrBuilt(experiment=self, model=model, mesh=mesh, trainer=trainer, checkpointer=checkpointer,
                         vocabulary=vocabulary, cluster_space=space, index=index, tokenizer=tokenizer)
+
+
+def _frozen_tower(factory: Callable[..., optax.GradientTransformation]) -> Callable[..., optax.GradientTransformation]:
+    def frozen(**kwargs) -> optax.GradientTransformation:
+        return optax.chain(factory(**kwargs), optimizers.scale_by_path({"tower/.*": 0.0}))
+    return frozen
 
 
 def check_document_encoder(model_dir: str, index: ClusteredIndex) -> None:

@@ -34,9 +34,11 @@ Batch = Mapping[str, Array]
 
 
 class GdrNetwork(network.Transformer):
-    """T5.1.1 with an optional tower as its encoder, and the query vector r_q (see the module docstring)."""
+    """T5.1.1 with an optional tower as its encoder, and the query vector r_q (see the module docstring).
+    train_query_tower=False stops gradients at the tower's states: no backward pass through it."""
     query_tower: Optional[Tower] = None
     document_dim: int = 0
+    train_query_tower: bool = True
 
     def setup(self):
         super().setup()
@@ -54,7 +56,8 @@ class GdrNetwork(network.Transformer):
         """int32[B, L] -> the query encoder's states [B, L, width] (the T5 encoder's or the tower's)."""
         if self.query_tower is None:
             return super().encode(encoder_input_tokens, enable_dropout=enable_dropout)
-        return self.tower.token_states(encoder_input_tokens, encoder_input_tokens > 0, not enable_dropout)
+        states = self.tower.token_states(encoder_input_tokens, encoder_input_tokens > 0, not enable_dropout)
+        return states if self.train_query_tower else jax.lax.stop_gradient(states)
 
     def _bridged(self, states: Array) -> Array:
         return states if self.query_tower is None else self.bridge(states.astype(jnp.float32))
@@ -91,9 +94,12 @@ class GdrModel(EncoderDecoderModel):
     Batches: encoder_input_tokens int32[B, input_length]; decoder_input/target_tokens, decoder_loss_weights
     [B, target_length] (the positive's cluster id); positive_row int32[B], positive_vector float32[B, dim];
     negative_rows int32[B, M] (-1: empty), negative_vectors float32[B, M, dim] (`gr_jax.gdr.data`).
+    train_query_tower: False keeps the tower as loaded (no gradient through it; the experiment also zeroes its
+    optimizer updates).
     """
     query_tower: Optional[Tower] = None
     document_dim: int = 384
+    train_query_tower: bool = True
     temperature: float = 0.05
     gdr_loss: GdrLoss = GdrLoss()
 
@@ -103,7 +109,8 @@ class GdrModel(EncoderDecoderModel):
 
     @property
     def module(self) -> GdrNetwork:
-        return GdrNetwork(self.config, query_tower=self.query_tower, document_dim=self.document_dim)
+        return GdrNetwork(self.config, query_tower=self.query_tower, document_dim=self.document_dim,
+                          train_query_tower=self.train_query_tower)
 
     def init(self, rng: Array, *, input_length: int, target_length: int, batch_size: int = 1) -> dict:
         enc = jnp.ones((batch_size, input_length), jnp.int32)
