@@ -8,6 +8,7 @@ WORDNET_DIR ?= /usr/share/wordnet
 DEMO_DATA := data/wordnet_food
 DEMO_DIR ?= runs/wordnet_demo
 DEMO_STEPS ?= 400
+DEMO_GDR_STEPS ?= 150
 export TF_CPP_MIN_LOG_LEVEL := 3
 
 .PHONY: demo test venv wordnet clean-demo
@@ -43,10 +44,22 @@ demo: $(STAMP) $(DEMO_DATA)/spm.model
 	@echo "BM25 on the dev definitions"
 	@$(PY) -m gr_jax.tools.bm25 --data_dir $(DEMO_DATA) --split dev --run_file $(DEMO_DIR)/bm25.dev.trec \
 	  > $(DEMO_DIR)/bm25.json
+	@echo "all-MiniLM-L6-v2 zero-shot (dense retrieval): encoding the documents, ranking the dev definitions"
+	@$(PY) -m gr_jax.train --gin_file=dense/minilm.gin --gin.DATA_DIR=$(DEMO_DATA) --gin.MODEL_DIR=$(DEMO_DIR)/minilm \
+	  --gin.TRAIN_STEPS=0 --gin.DOCUMENT_LENGTH=64 --gin.training.EvalConfig.every_steps=-1
+	@$(PY) -m gr_jax.eval --gin_file=$(DEMO_DIR)/minilm/config.gin > $(DEMO_DIR)/minilm.json
 	@echo "Training a tiny T5.1.1 for $(DEMO_STEPS) steps, then ranking the dev definitions"
 	@$(PY) -m gr_jax.train --gin_file=experiments/wordnet_demo.gin --gin.MODEL_DIR=$(DEMO_DIR) \
 	  --gin.TRAIN_STEPS=$(DEMO_STEPS)
-	@$(PY) -m gr_jax.tools.demo_report --model_dir $(DEMO_DIR) --bm25 $(DEMO_DIR)/bm25.json
+	@echo "GDR: 64 clusters of the MiniLM vectors, a tiny T5.1.1 cluster decoder on the frozen MiniLM, $(DEMO_GDR_STEPS) steps"
+	@$(PY) -m gr_jax.tools.gdr_index build --index_dir $(DEMO_DIR)/minilm/index/0 --branching 8,8 \
+	  --out_dir $(DEMO_DIR)/gdr_index > $(DEMO_DIR)/gdr_index.json
+	@$(PY) -m gr_jax.train --gin_file=gdr/minilm.gin --gin_file=models/t5_1_1/tiny.gin --gin.DATA_DIR=$(DEMO_DATA) \
+	  --gin.GDR_INDEX=$(DEMO_DIR)/gdr_index --gin.MODEL_DIR=$(DEMO_DIR)/gdr --gin.TRAIN_STEPS=$(DEMO_GDR_STEPS) \
+	  --gin.TRAIN_QUERY_TOWER=False --gin.QUERY_LENGTH=32 --gin.WARMUP_STEPS=20 --gin.CLUSTERS_RECALLED=20 \
+	  --gin.CLUSTER_WEIGHT=0.0
+	@$(PY) -m gr_jax.tools.demo_report --model_dir $(DEMO_DIR) --bm25 $(DEMO_DIR)/bm25.json \
+	  --dense $(DEMO_DIR)/minilm.json --gdr $(DEMO_DIR)/gdr/final_metrics.json
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
