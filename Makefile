@@ -56,8 +56,7 @@ demo: $(STAMP) $(DEMO_DATA)/spm.model
 	  --out_dir $(DEMO_DIR)/gdr_index > $(DEMO_DIR)/gdr_index.json
 	@$(PY) -m gr_jax.train --gin_file=gdr/minilm.gin --gin_file=models/t5_1_1/tiny.gin --gin.DATA_DIR=$(DEMO_DATA) \
 	  --gin.GDR_INDEX=$(DEMO_DIR)/gdr_index --gin.MODEL_DIR=$(DEMO_DIR)/gdr --gin.TRAIN_STEPS=$(DEMO_GDR_STEPS) \
-	  --gin.TRAIN_QUERY_TOWER=False --gin.QUERY_LENGTH=32 --gin.WARMUP_STEPS=20 --gin.CLUSTERS_RECALLED=20 \
-	  --gin.CLUSTER_WEIGHT=0.0
+	  --gin.TRAIN_QUERY_TOWER=False --gin.QUERY_LENGTH=32 --gin.WARMUP_STEPS=20 --gin.CLUSTERS_RECALLED=20
 	@$(PY) -m gr_jax.tools.demo_report --model_dir $(DEMO_DIR) --bm25 $(DEMO_DIR)/bm25.json \
 	  --dense $(DEMO_DIR)/minilm.json --gdr $(DEMO_DIR)/gdr/final_metrics.json
 

@@ -63,7 +63,7 @@ class GdrExperiment:
     query_tower_from_document_encoder: bool = False
     train_query_tower: bool = True
     temperature: float = 0.05
-    cluster_weight: float = 1.0
+    cluster_weight: float = 0.0
     optimizer_factory: Callable[..., optax.GradientTransformation] = optimizers.make_optimizer
     loss: GdrLoss = GdrLoss()
     batch_size: int = 32

@@ -38,7 +38,7 @@ class GdrRetriever:
 
     def __init__(self, *, model: GdrModel, params: Any, cluster_space: DocidSpace, index: ClusteredIndex,
                  tokenizer: Tokenizer, input_length: int, mesh: Mesh, param_shardings: Any, batch_size: int = 32,
-                 num_beams: int = 10, cluster_weight: float = 1.0,
+                 num_beams: int = 10, cluster_weight: float = 0.0,
                  rules: partitioning.LogicalAxisRules = partitioning.LOGICAL_AXIS_RULES, show_progress: bool = False):
         if batch_size < 1 or num_beams < 1:
             raise ValueError(f"batch_size and num_beams must be positive, got {batch_size} and {num_beams}")
