@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from gr_jax import network
-from gr_jax.data.readers import DataFormatError
+from gr_jax.data.readers import DataFormatError, open_dataset
 from gr_jax.dense.index import CorpusIndex, docids_digest
 from gr_jax.gdr.clusters import ClusterIds, build_cluster_ids, cluster_id_table, leaf_centroids
 from gr_jax.gdr.index import ClusteredIndex
@@ -310,6 +310,14 @@ def test_batches_are_seeded_their_targets_the_positives_clusters_and_negatives_t
     np.testing.assert_array_equal(batch["decoder_target_tokens"], tokens[clusters[batch["positive_row"]]])
     np.testing.assert_array_equal(batch["decoder_input_tokens"][:, 1:], batch["decoder_target_tokens"][:, :-1])
     np.testing.assert_array_equal(batch["positive_vector"], index.vectors(batch["positive_row"]))
+    # Each example's input is its query's text, or for an indexing example its document's own text.
+    tokenizer = SentencePieceTokenizer(load_vocabulary(spm_data_dir / "spm.model"))
+    documents = dict(open_dataset(spm_data_dir).collection())
+    chosen = source(0).example_indices(4)
+    texts = [examples.query_texts[t] if t >= 0 else documents[index.docid_strings([r])[0]]
+             for t, r in zip(examples.example_text[chosen], examples.example_row[chosen])]
+    assert (examples.example_text[chosen] < 0).any() and (examples.example_text[chosen] >= 0).any()
+    np.testing.assert_array_equal(batch["encoder_input_tokens"], tokenizer(texts, length=8).ids)
     for row, negatives in zip(batch["positive_row"], batch["negative_rows"]):
         real = negatives[negatives >= 0]
         assert row not in real and (clusters[real] == clusters[row]).all()
