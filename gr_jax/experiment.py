@@ -251,6 +251,22 @@ class BuiltRun:
         return RetrievalEvaluator(queries=queries, qrels=qrels, k=k)
 
 
+class SampledBatchesRun(BuiltRun):
+    """A run whose training batches its own `batch_source` samples on the host (the dense and GDR runs:
+    `gr_jax.dense.data.sharded_batches`), and whose dataset knows its `tokens_per_example`."""
+
+    batch_source: Any
+
+    def train_batches(self, *, start_batch: int) -> Iterator[dict]:
+        """This process's rows of the global batches from `start_batch` on."""
+        return self.batch_source.batches(start_batch=start_batch, shard_index=jax.process_index(),
+                                         num_shards=jax.process_count())
+
+    @property
+    def tokens_per_batch(self) -> int:
+        return self.experiment.batch_size * self.experiment.dataset.tokens_per_example
+
+
 @dataclasses.dataclass
 class Built(BuiltRun):
     """A generative Experiment's live objects."""

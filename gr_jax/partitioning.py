@@ -280,6 +280,24 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec(DATA_AXIS))
 
 
+def data_axis_multiple(batch_size: int, mesh: Mesh) -> int:
+    """`batch_size` rounded up to a multiple of the 'data' axis, so a batch splits evenly over it."""
+    data_size = mesh.shape[DATA_AXIS]
+    return -(-batch_size // data_size) * data_size
+
+
+def padded_batches(tokens: np.ndarray, batch_size: int) -> Iterator[tuple[np.ndarray, int]]:
+    """(int32[batch_size, length] chunk, number of real rows) over the rows of `tokens` int[n, length]: the last
+    chunk is filled with empty (all-PAD) rows, so one compiled shape serves any number of rows; callers drop the
+    padding rows' outputs."""
+    for lo in range(0, len(tokens), batch_size):
+        chunk = np.asarray(tokens[lo:lo + batch_size], np.int32)
+        real = len(chunk)
+        if real < batch_size:
+            chunk = np.concatenate([chunk, np.zeros((batch_size - real, chunk.shape[1]), np.int32)])
+        yield chunk, real
+
+
 def host_batch_to_global(batch: dict[str, np.ndarray], *, mesh: Mesh) -> dict[str, jax.Array]:
     """Assembles each process's slice of a batch into global `jax.Array`s split over 'data'.
 

@@ -22,7 +22,6 @@ from gr_jax.dense.model import DOCUMENT, QUERY, DualEncoderConfig, DualEncoderMo
 from gr_jax.dense.towers import T5EncoderTower, Tokens
 from gr_jax.evaluation import brier_score
 from gr_jax.trainer import Trainer
-from gr_jax.vocabulary import train_sentencepiece
 
 from conftest import FIXTURES
 
@@ -266,16 +265,6 @@ def test_brier_score_by_hand():
 
 
 # --- Entry points and the retriever -------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def spm_data_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("dense") / "fixture"
-    shutil.copytree(FIXTURES / "tasks", path)
-    texts = [line.split("\t", 1)[1] for name in ("collection.tsv", "queries.train.tsv")
-             for line in (path / name).read_text().splitlines()]
-    train_sentencepiece(texts=texts * 3, model_path=path / "spm.model", vocab_size=320)
-    return path
 
 
 def test_t5_dual_encoder_trains_evaluates_and_searches_through_the_entry_points(spm_data_dir, tmp_path, capsys,

@@ -1,7 +1,6 @@
 """GDR: cluster ids, the clustered index against brute force, the loss by hand, training batches, and a run through
 the entry points that adds documents without training."""
 import json
-import shutil
 
 import jax
 import jax.numpy as jnp
@@ -16,9 +15,7 @@ from gr_jax.gdr.index import ClusteredIndex
 from gr_jax.gdr.losses import GdrLoss
 from gr_jax.gdr.model import GdrModel
 from gr_jax.losses import Outputs
-from gr_jax.vocabulary import EOS_ID, train_sentencepiece
-
-from conftest import FIXTURES
+from gr_jax.vocabulary import EOS_ID
 
 MICRO = network.T5Config(vocab_size=128, emb_dim=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
                          head_dim=8, mlp_dim=64, dropout_rate=0.0)
@@ -252,16 +249,6 @@ def test_minilm_query_tower_of_the_document_width_is_the_dense_query_encoder():
 
 
 # --- Training batches and a run through the entry points ------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def spm_data_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("gdr") / "fixture"
-    shutil.copytree(FIXTURES / "tasks", path)
-    texts = [line.split("\t", 1)[1] for name in ("collection.tsv", "queries.train.tsv")
-             for line in (path / name).read_text().splitlines()]
-    train_sentencepiece(texts=texts * 3, model_path=path / "spm.model", vocab_size=320)
-    return path
 
 
 @pytest.fixture(scope="module")

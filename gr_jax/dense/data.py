@@ -27,7 +27,7 @@ import dataclasses
 import logging
 import queue
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Optional
 
 import numpy as np
@@ -178,6 +178,41 @@ def training_pairs(*, data: DenseData, corpus: CorpusDocuments) -> TrainingPairs
                          positives=tuple(frozenset(p) for p in positives), mined=mined)
 
 
+class SeededEpochs:
+    """The examples of global batch b of an endless sequence of epochs, each a permutation of `num_examples`
+    seeded by (seed, epoch): batch b holds examples b*B .. b*B + B - 1, so any batch is computed without the ones
+    before it (exact resume, every host the same global batch)."""
+
+    def __init__(self, *, num_examples: int, batch_size: int, seed: int):
+        self.num_examples = num_examples
+        self.batch_size = batch_size
+        self.seed = seed
+        self._epoch_order: tuple[int, np.ndarray] = (-1, np.zeros(0, np.int64))
+
+    def _order(self, epoch: int) -> np.ndarray:
+        if self._epoch_order[0] != epoch:
+            self._epoch_order = (epoch, np.random.default_rng([self.seed, epoch]).permutation(self.num_examples))
+        return self._epoch_order[1]
+
+    def indices(self, batch: int) -> np.ndarray:
+        """int64[batch_size]: the examples of global batch `batch`."""
+        positions = np.arange(batch * self.batch_size, (batch + 1) * self.batch_size)
+        epochs, within = np.divmod(positions, self.num_examples)
+        return np.array([self._order(int(e))[int(w)] for e, w in zip(epochs, within)], np.int64)
+
+
+def sharded_batches(batch: Callable[..., dict], *, batch_size: int, start_batch: int, shard_index: int,
+                    num_shards: int, prefetch: int) -> Iterator[dict]:
+    """`batch(b, shard_index=..., num_shards=...)` for b = start_batch, start_batch + 1, ..., made `prefetch` ahead
+    on a background thread (tokenisation and file reads release the GIL)."""
+    if batch_size % num_shards:
+        raise ValueError(f"the global batch_size={batch_size} must be a multiple of num_shards={num_shards}")
+    if start_batch < 0:
+        raise ValueError(f"start_batch must be >= 0, got {start_batch}")
+    return _prefetched((batch(b, shard_index=shard_index, num_shards=num_shards) for b in _count(start_batch)),
+                       size=prefetch)
+
+
 class BatchSource:
     """Global batch b of the endless, seeded example sequence (see the module docstring)."""
 
@@ -189,19 +224,12 @@ class BatchSource:
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.seed = seed
-        self._epoch_order: tuple[int, np.ndarray] = (-1, np.zeros(0, np.int64))
+        self._epochs = SeededEpochs(num_examples=len(pairs), batch_size=batch_size, seed=seed)
         self._reported_truncation = False
-
-    def _order(self, epoch: int) -> np.ndarray:
-        if self._epoch_order[0] != epoch:
-            self._epoch_order = (epoch, np.random.default_rng([self.seed, epoch]).permutation(len(self.pairs)))
-        return self._epoch_order[1]
 
     def pair_indices(self, batch: int) -> np.ndarray:
         """int64[batch_size]: the training pairs of global batch `batch`."""
-        examples = np.arange(batch * self.batch_size, (batch + 1) * self.batch_size)
-        epochs, within = np.divmod(examples, len(self.pairs))
-        return np.array([self._order(int(e))[int(w)] for e, w in zip(epochs, within)], np.int64)
+        return self._epochs.indices(batch)
 
     def negatives(self, batch: int, pairs: np.ndarray) -> np.ndarray:
         """int64[batch_size, K]: each example's negatives (see the module docstring)."""
@@ -259,23 +287,19 @@ class BatchSource:
 
     def batches(self, *, start_batch: int = 0, shard_index: int = 0, num_shards: int = 1,
                 prefetch: int = 2) -> Iterator[dict[str, np.ndarray]]:
-        """Endless batches from `start_batch`, made `prefetch` ahead on a background thread (tokenisation and file
-        reads release the GIL, so the next batch is ready while the devices train on this one)."""
-        if self.batch_size % num_shards:
-            raise ValueError(f"the global batch_size={self.batch_size} must be a multiple of num_shards={num_shards}")
-        if start_batch < 0:
-            raise ValueError(f"start_batch must be >= 0, got {start_batch}")
-        return prefetched((self.batch(b, shard_index=shard_index, num_shards=num_shards)
-                          for b in count_from(start_batch)), size=prefetch)
+        """Endless batches from `start_batch`, made `prefetch` ahead (`sharded_batches`), so the next batch is ready
+        while the devices train on this one."""
+        return sharded_batches(self.batch, batch_size=self.batch_size, start_batch=start_batch,
+                               shard_index=shard_index, num_shards=num_shards, prefetch=prefetch)
 
 
-def count_from(start: int) -> Iterator[int]:
+def _count(start: int) -> Iterator[int]:
     while True:
         yield start
         start += 1
 
 
-def prefetched(items: Iterator, *, size: int) -> Iterator:
+def _prefetched(items: Iterator, *, size: int) -> Iterator:
     """`items` produced up to `size` ahead on a daemon thread; an exception there is raised here."""
     if size < 1:
         yield from items

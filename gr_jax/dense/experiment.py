@@ -10,7 +10,7 @@ import dataclasses
 import functools
 import hashlib
 import pathlib
-from collections.abc import Callable, Container, Iterator, Sequence
+from collections.abc import Callable, Container, Sequence
 from typing import Any, Optional
 
 import jax
@@ -24,7 +24,7 @@ from gr_jax.dense import data as dense_data
 from gr_jax.dense import losses as dense_losses
 from gr_jax.dense.index import IndexConfig
 from gr_jax.dense.model import DualEncoderConfig, DualEncoderModel
-from gr_jax.experiment import BuiltRun, RetrievalSettings, training_parts
+from gr_jax.experiment import RetrievalSettings, SampledBatchesRun, training_parts
 from gr_jax.retrievers.dense import DenseRetriever
 from gr_jax.trainer import Trainer
 
@@ -56,7 +56,7 @@ class DenseExperiment:
 
 
 @dataclasses.dataclass
-class DenseBuilt(BuiltRun):
+class DenseBuilt(SampledBatchesRun):
     """A DenseExperiment's live objects."""
     experiment: DenseExperiment
     model: DualEncoderModel
@@ -84,14 +84,6 @@ class DenseBuilt(BuiltRun):
             data=experiment.dataset, corpus=self.corpus,
             pairs=dense_data.training_pairs(data=experiment.dataset, corpus=self.corpus), tokenizer=self.tokenizer,
             batch_size=experiment.batch_size, seed=experiment.seed)
-
-    def train_batches(self, *, start_batch: int) -> Iterator[dict]:
-        return self.batch_source.batches(start_batch=start_batch, shard_index=jax.process_index(),
-                                           num_shards=jax.process_count())
-
-    @property
-    def tokens_per_batch(self) -> int:
-        return self.experiment.batch_size * self.experiment.dataset.tokens_per_example
 
     def fingerprint(self, step: Optional[int]) -> dict:
         """What identifies this encoder in a corpus index's manifest."""

@@ -35,7 +35,7 @@ from typing import Optional
 import numpy as np
 
 from gr_jax.data.readers import DocumentLookup, open_dataset
-from gr_jax.dense.data import count_from, prefetched
+from gr_jax.dense.data import SeededEpochs, sharded_batches
 from gr_jax.dense.towers import Tokenizer
 from gr_jax.gdr import index as gdr_index
 from gr_jax.gdr.index import ClusteredIndex
@@ -161,19 +161,12 @@ class GdrBatchSource:
         self.seed = seed
         self.offsets, self.members = index.clusters.members()
         self._lookup = DocumentLookup(open_dataset(data.data_dir))
-        self._epoch_order: tuple[int, np.ndarray] = (-1, np.zeros(0, np.int64))
+        self._epochs = SeededEpochs(num_examples=len(examples), batch_size=batch_size, seed=seed)
         self._reported_truncation = False
-
-    def _order(self, epoch: int) -> np.ndarray:
-        if self._epoch_order[0] != epoch:
-            self._epoch_order = (epoch, np.random.default_rng([self.seed, epoch]).permutation(len(self.examples)))
-        return self._epoch_order[1]
 
     def example_indices(self, batch: int) -> np.ndarray:
         """int64[batch_size]: the examples of global batch `batch`."""
-        positions = np.arange(batch * self.batch_size, (batch + 1) * self.batch_size)
-        epochs, within = np.divmod(positions, len(self.examples))
-        return np.array([self._order(int(e))[int(w)] for e, w in zip(epochs, within)], np.int64)
+        return self._epochs.indices(batch)
 
     def cluster_negatives(self, batch: int, rows: np.ndarray) -> np.ndarray:
         """int64[len(rows), M]: for each positive row, M other documents of its cluster (-1 past the cluster's)."""
@@ -231,10 +224,6 @@ class GdrBatchSource:
 
     def batches(self, *, start_batch: int = 0, shard_index: int = 0, num_shards: int = 1,
                 prefetch: int = 2) -> Iterator[dict[str, np.ndarray]]:
-        """Endless batches from `start_batch`, made `prefetch` ahead on a background thread."""
-        if self.batch_size % num_shards:
-            raise ValueError(f"the global batch_size={self.batch_size} must be a multiple of num_shards={num_shards}")
-        if start_batch < 0:
-            raise ValueError(f"start_batch must be >= 0, got {start_batch}")
-        return prefetched((self.batch(b, shard_index=shard_index, num_shards=num_shards)
-                           for b in count_from(start_batch)), size=prefetch)
+        """Endless batches from `start_batch`, made `prefetch` ahead (`gr_jax.dense.data.sharded_batches`)."""
+        return sharded_batches(self.batch, batch_size=self.batch_size, start_batch=start_batch,
+                               shard_index=shard_index, num_shards=num_shards, prefetch=prefetch)

@@ -15,7 +15,7 @@ import dataclasses
 import functools
 import json
 import pathlib
-from collections.abc import Callable, Container, Iterator, Sequence
+from collections.abc import Callable, Container, Sequence
 from typing import Any, Optional
 
 import jax
@@ -30,7 +30,7 @@ from gr_jax.data.readers import DataFormatError, open_dataset
 from gr_jax.dense.towers import SentencePieceTokenizer, Tokenizer, Tower
 from gr_jax.docids import DocidSpace
 from gr_jax.docids.schemes.semantic import digit_token_ids
-from gr_jax.experiment import BuiltRun, RetrievalSettings, training_parts, vocabulary_file
+from gr_jax.experiment import RetrievalSettings, SampledBatchesRun, training_parts, vocabulary_file
 from gr_jax.gdr.clusters import cluster_id_table
 from gr_jax.gdr.data import GdrBatchSource, GdrData, training_examples
 from gr_jax.gdr.index import ClusteredIndex
@@ -149,7 +149,7 @@ def tower_params_from_run(*, model_dir: str, step: int, fresh: Any, shardings: A
 
 
 @dataclasses.dataclass
-class GdrBuilt(BuiltRun):
+class GdrBuilt(SampledBatchesRun):
     """A GdrExperiment's live objects."""
     experiment: GdrExperiment
     model: GdrModel
@@ -189,14 +189,6 @@ class GdrBuilt(BuiltRun):
                               examples=training_examples(data=experiment.dataset, index=self.index),
                               cluster_tokens=np.asarray(self.cluster_space.table.tokens), tokenizer=self.tokenizer,
                               batch_size=experiment.batch_size, seed=experiment.seed)
-
-    def train_batches(self, *, start_batch: int) -> Iterator[dict]:
-        return self.batch_source.batches(start_batch=start_batch, shard_index=jax.process_index(),
-                                         num_shards=jax.process_count())
-
-    @property
-    def tokens_per_batch(self) -> int:
-        return self.experiment.batch_size * self.experiment.dataset.tokens_per_example
 
     def retriever(self, params: Any = None, *, settings: RetrievalSettings, show_progress: bool = False,
                   step: Optional[int] = None) -> GdrRetriever:

@@ -69,8 +69,7 @@ class DenseRetriever:
         self.mesh = mesh
         self.rules = rules
         self.param_shardings = param_shardings
-        data_size = mesh.shape[partitioning.DATA_AXIS]
-        self.batch_size = -(-batch_size // data_size) * data_size
+        self.batch_size = partitioning.data_axis_multiple(batch_size, mesh)
         self.index_config = index_config
         self.index_dir = pathlib.Path(index_dir) if index_dir is not None else None
         self.fingerprint = dict(fingerprint or {})

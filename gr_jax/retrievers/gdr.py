@@ -57,8 +57,7 @@ class GdrRetriever:
         self.mesh = mesh
         self.rules = rules
         self.param_shardings = param_shardings
-        data_size = mesh.shape[partitioning.DATA_AXIS]
-        self.batch_size = -(-batch_size // data_size) * data_size
+        self.batch_size = partitioning.data_axis_multiple(batch_size, mesh)
         self.num_beams = min(num_beams, len(cluster_space))
         self.cluster_weight = cluster_weight
         self.show_progress = show_progress
@@ -101,11 +100,7 @@ class GdrRetriever:
                         disable=not self.show_progress)
         start = time.perf_counter()
         with partitioning.partitioning_context(mesh=self.mesh, rules=self.rules):
-            for lo in range(0, len(queries), self.batch_size):
-                chunk = tokens[lo:lo + self.batch_size]
-                real = len(chunk)
-                if real < self.batch_size:  # empty queries (all PAD) fill the last batch; their outputs are dropped
-                    chunk = np.concatenate([chunk, np.zeros((self.batch_size - real, chunk.shape[1]), np.int32)])
+            for chunk, real in partitioning.padded_batches(tokens, self.batch_size):  # padding rows: outputs dropped
                 chunk = jax.device_put(chunk, self.batch_sharding)
                 predict, seconds = self._executable(params, chunk)
                 compile_seconds += seconds

@@ -88,8 +88,7 @@ class GenerativeRetriever:
         self.mesh = mesh
         self.rules = rules
         self.param_shardings = param_shardings
-        data_size = mesh.shape[partitioning.DATA_AXIS]
-        self.batch_size = -(-batch_size // data_size) * data_size
+        self.batch_size = partitioning.data_axis_multiple(batch_size, mesh)
         self.num_beams = num_beams
         self.constrained = constrained
         self.show_progress = show_progress
@@ -148,11 +147,7 @@ class GenerativeRetriever:
                         disable=not self.show_progress)
         with partitioning.partitioning_context(mesh=self.mesh, rules=self.rules):
             start = time.perf_counter()
-            for lo in range(0, len(queries), self.batch_size):
-                chunk = tokens[lo:lo + self.batch_size]
-                real = len(chunk)
-                if real < self.batch_size:  # empty queries (all PAD) fill the last batch; their outputs are dropped
-                    chunk = np.concatenate([chunk, np.zeros((self.batch_size - real, chunk.shape[1]), np.int32)])
+            for chunk, real in partitioning.padded_batches(tokens, self.batch_size):  # padding rows: outputs dropped
                 chunk = jax.device_put(chunk, self.batch_sharding)
                 predict, seconds = self._executable(params, chunk, num_beams)
                 compile_seconds += seconds
