@@ -77,11 +77,27 @@ class EncoderDecoderModel:
 
     def score_batch(self, params, batch: Batch) -> Array:
         """Teacher-forced log-likelihood of decoder_target_tokens: float32[batch] (atomic: log p(docid))."""
-        out = self.outputs(params, batch, None)
-        log_p = jax.nn.log_softmax(out.logits)
-        token_lp = jnp.where(out.invalid, jnp.nan,
-                             jnp.take_along_axis(log_p, out.columns[..., None], axis=-1)[..., 0])
-        return jnp.sum(jnp.where(out.weights > 0, token_lp, 0.0), axis=-1)
+        return _sequence_log_likelihood(self.outputs(params, batch, None))
+
+    def score_candidates(self, params, encoder_input_tokens: Array, candidate_targets: Array) -> tuple[Array, Array]:
+        """Teacher-forced scores of C candidate target sequences per query, each query encoded once.
+
+        encoder_input_tokens int32[B, L]; candidate_targets int32[B, C, T] (EOS-terminated, 0-padded) ->
+        (log-likelihood float32[B, C] as `score_batch`, the number of scored positions float32[B, C]: the head's
+        target positions, 1 for the atomic head)."""
+        batch, candidates, length = candidate_targets.shape
+        encoded = self.module.apply({"params": params}, encoder_input_tokens, method=network.Transformer.encode)
+        targets = candidate_targets.reshape(batch * candidates, length)
+        flat = {"encoder_input_tokens": jnp.repeat(encoder_input_tokens, candidates, axis=0),
+                "decoder_target_tokens": targets,
+                "decoder_input_tokens": jnp.pad(targets[:, :-1], ((0, 0), (1, 0)))}
+        logits = self.module.apply({"params": params}, jnp.repeat(encoded, candidates, axis=0),
+                                   flat["encoder_input_tokens"], flat["decoder_input_tokens"],
+                                   method=network.Transformer.decode)
+        columns, weights, invalid = self._columns_and_weights(flat, length=logits.shape[1])
+        outputs = losses.Outputs(logits=logits, states=None, columns=columns, weights=weights, invalid=invalid)
+        return (_sequence_log_likelihood(outputs).reshape(batch, candidates),
+                jnp.sum(weights > 0, axis=-1).astype(jnp.float32).reshape(batch, candidates))
 
     def _step_fn(self, params, context: network.DecodeContext):
         def step_fn(tokens, position, cache):
@@ -105,8 +121,14 @@ class EncoderDecoderModel:
     def beam_search(self, params, encoder_input_tokens: Array, *, num_beams: int, max_decode_len: int,
                     trie: Optional[Trie] = None, length_penalty: float = 0.0) -> decoding.BeamSearchResult:
         """Beam search over `decode_step` (see `predict_batch`)."""
-        batch = encoder_input_tokens.shape[0]
-        context = self._prefill(params, encoder_input_tokens, max_decode_len)
+        return self.beam_search_from(params, self._prefill(params, encoder_input_tokens, max_decode_len),
+                                     num_beams=num_beams, max_decode_len=max_decode_len, trie=trie,
+                                     length_penalty=length_penalty)
+
+    def beam_search_from(self, params, context: network.DecodeContext, *, num_beams: int, max_decode_len: int,
+                         trie: Optional[Trie] = None, length_penalty: float = 0.0) -> decoding.BeamSearchResult:
+        """`beam_search` from a computed prefill (`network.Transformer.prefill`)."""
+        batch = context.cross_mask.shape[0]
         cache = network.init_cache(self.config, rows=batch * num_beams, max_decode_len=max_decode_len)
         return decoding.beam_search(step_fn=self._step_fn(params, context), cache=cache, batch_size=batch,
                                     num_beams=num_beams, max_decode_len=max_decode_len, trie=trie,
@@ -131,3 +153,12 @@ class EncoderDecoderModel:
         cache = network.init_cache(self.config, rows=batch, max_decode_len=max_decode_len)
         return decoding.sample(step_fn=self._step_fn(params, context), cache=cache, rng=rng, batch_size=batch,
                                max_decode_len=max_decode_len, top_k=top_k, temperature=temperature, trie=trie)
+
+
+def _sequence_log_likelihood(outputs: losses.Outputs) -> Array:
+    """Sum over the weighted positions of log p(target column): float32[batch]; NaN where a target is invalid
+    for the head."""
+    log_p = jax.nn.log_softmax(outputs.logits)
+    token_lp = jnp.where(outputs.invalid, jnp.nan,
+                         jnp.take_along_axis(log_p, outputs.columns[..., None], axis=-1)[..., 0])
+    return jnp.sum(jnp.where(outputs.weights > 0, token_lp, 0.0), axis=-1)

@@ -419,9 +419,14 @@ class Transformer(nn.Module):
 
     def prefill(self, encoder_input_tokens: Array, *, max_decode_len: int) -> "DecodeContext":
         """Everything that is constant across decoding steps for a query, computed once."""
-        encoded = self.encode(encoder_input_tokens)
+        return self.prefill_encoded(self.encode(encoder_input_tokens), encoder_input_tokens > 0,
+                                    max_decode_len=max_decode_len)
+
+    def prefill_encoded(self, encoded: Array, cross_mask: Array, *, max_decode_len: int) -> "DecodeContext":
+        """`prefill` from given encoder states [batch, src_len, emb_dim] and their mask bool[batch, src_len]: for
+        networks that use the encoding for more than decoding (GDR's query vector)."""
         cross_kv = tuple(layer.encoder_decoder_attention.project_kv(encoded) for layer in self.decoder_layers)
-        return DecodeContext(cross_kv=cross_kv, cross_mask=encoder_input_tokens > 0,
+        return DecodeContext(cross_kv=cross_kv, cross_mask=cross_mask,
                              decoder_bias=self.decoder_relpos(max_decode_len, max_decode_len),
                              head=self.head.prefill(encoded, max_decode_len=max_decode_len))
 

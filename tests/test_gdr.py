@@ -229,6 +229,29 @@ def test_gdr_training_has_a_pulse():
     assert metrics["correct_sequences"] == 8
 
 
+def test_recall_from_one_encoding_equals_separate_beam_search_and_query_vectors():
+    """`recall_batch` shares one encoding between the stages and returns what `predict_batch` and `query_vectors`
+    return separately (cluster ids through the trie, their log-probabilities, r_q)."""
+    from gr_jax.docids.trie import Trie
+    model = GdrModel(config=MICRO, document_dim=16)
+    params = model.init(jax.random.PRNGKey(3), input_length=6, target_length=3)["params"]
+    ids = cluster_id_table(ClusterIds(branching=(2, 3), paths=np.array([[0, 0], [0, 1], [1, 0], [1, 2]]),
+                                      assignment=[0, 1, 2, 3]), digit_tokens=range(10, 20))
+    trie = Trie.build(ids.tokens, vocab_size=MICRO.vocab_size)
+    tokens = jnp.asarray(np.random.default_rng(0).integers(2, MICRO.vocab_size, size=(3, 6)), jnp.int32)
+    result, vectors = model.recall_batch(params, tokens, num_beams=3, max_decode_len=ids.max_length, trie=trie)
+    expected = model.predict_batch(params, tokens, num_beams=3, max_decode_len=ids.max_length, trie=trie)
+    np.testing.assert_array_equal(result.sequences, expected.sequences)
+    np.testing.assert_allclose(result.scores, expected.scores, atol=1e-6)
+    np.testing.assert_allclose(vectors, model.query_vectors(params, tokens), atol=1e-6)
+
+
+def test_a_head_that_ranks_in_one_pass_is_refused():
+    import dataclasses
+    with pytest.raises(ValueError, match="atomic"):
+        GdrModel(config=dataclasses.replace(MICRO, decoder_head="atomic"), document_dim=16)
+
+
 def test_minilm_query_tower_of_the_document_width_is_the_dense_query_encoder():
     """No projection when the tower has the documents' width: r_q is MiniLM's sentence embedding."""
     import flax.linen as nn

@@ -21,6 +21,8 @@ BM25_D2Q = {"MRR@10": 0.45, "Recall@1": 0.35, "Recall@10": 0.95, "num_queries": 
 DENSE = {"minilm_zero_shot": {"MRR@10": 0.55, "Recall@1": 0.5, "Recall@10": 1.0, "num_queries": 4},
          "minilm_finetuned": {"MRR@10": 0.6, "Recall@1": 0.5, "Recall@10": 1.0, "num_queries": 4},
          "t5_dual_encoder": {"MRR@10": 0.2, "Recall@1": 0.0, "Recall@10": 0.5, "num_queries": 4}}
+GDR = {"gdr_minilm": {"MRR@10": 0.7, "Recall@1": 0.5, "Recall@10": 1.0, "num_queries": 4},
+       "gdr_t5": {"MRR@10": 0.3, "Recall@1": 0.25, "Recall@10": 0.75, "num_queries": 4}}
 
 
 def _bindings(argv):
@@ -49,8 +51,21 @@ class FakeRunner:
             log_path.write_text("some warning on stderr\n" + json.dumps({"system": "bm25", "split": "dev",
                                                                           **metrics}) + "\n")
             return 0
+        if module in ("gr_jax.tools.dense_index", "gr_jax.tools.gdr_index"):  # a GDR system's preparation
+            self.calls.append((module.rsplit(".", 1)[1],))
+            if module in self.failing:
+                log_path.write_text("Traceback (most recent call last):\nValueError: no vectors here\n")
+                return 1
+            return 0
         assert module == "gr_jax.train"
         bindings = _bindings(argv)
+        if any(arg.startswith("--gin_file=gdr/") for arg in argv):  # a GDR system
+            name = pathlib.Path(bindings["MODEL_DIR"]).name
+            self.calls.append((name, bindings["TRAIN_STEPS"]))
+            pathlib.Path(bindings["MODEL_DIR"]).mkdir(parents=True, exist_ok=True)
+            (pathlib.Path(bindings["MODEL_DIR"]) / "final_metrics.json").write_text(json.dumps(
+                {"train/loss": 0.5, **{f"eval/{k}": v for k, v in GDR[name].items()}}))
+            return 0
         if any(arg.startswith("--gin_file=dense/") for arg in argv):  # a dual-encoder baseline
             name = pathlib.Path(bindings["MODEL_DIR"]).name
             self.calls.append((name, bindings["TRAIN_STEPS"]))
@@ -349,3 +364,58 @@ def test_a_dense_baseline_with_other_settings_starts_afresh_and_one_stopped_part
     skipping = FakeRunner()
     results = run_study.main([*args, "--dense_baselines", "all"], runner=skipping, preflight=_fake_preflight)
     assert skipping.calls == [("labeled_only", "naive", 3)] and "baselines" not in results["datasets"]["fixture_corpus"]
+
+
+def test_gdr_systems_chain_vectors_clusters_and_training_after_their_dense_baseline(data_dir, tmp_path):
+    out_dir = tmp_path / "study"
+    args = [*_study_args(data_dir, out_dir, rows="1a"), "--gdr", "all", "--gdr_steps", "11", "--dense_steps", "7",
+            "--gdr_branching", "4,3"]
+    runner = FakeRunner()
+    results = run_study.main(args, runner=runner, preflight=_fake_preflight)
+    # The fine-tuned MiniLM (their document encoder) runs although --dense_baselines does not name it; each GDR
+    # system encodes its vectors, clusters them, then trains --gdr_steps.
+    assert runner.calls == [("bm25",), ("bm25_d2q",), ("minilm_finetuned", 7),
+                            ("dense_index",), ("gdr_index",), ("gdr_minilm", 11),
+                            ("dense_index",), ("gdr_index",), ("gdr_t5", 11), ("labeled_only", "naive", 3)]
+    baselines = results["datasets"]["fixture_corpus"]["baselines"]
+    assert baselines["gdr_minilm"]["metrics"] == GDR["gdr_minilm"]
+    table = (out_dir / "results.md").read_text()
+    assert table.startswith("# Study: T5.1.1-tiny, 3 steps, split dev; dense baselines that train: 7 steps; "
+                            "GDR systems: 11 steps, 4x3 clusters\n")
+    assert "| GDR-style (MiniLM tower, T5.1.1-tiny cluster decoder) | 0.700 | 0.500 | 1.000 |" in table
+
+    # The exact commands: the dense run's last state encodes the documents, which are clustered, then trained on.
+    study = run_study.Study(datasets=[run_study.Dataset("fixture_corpus", data_dir)], rows=[], schemes=["naive"],
+                            size="small", steps=5, out_dir=tmp_path / "commands", bindings=["BATCH_SIZE = 8"],
+                            gdr_systems=["gdr_minilm"], dense_steps=9, split="valid", gdr_branching=(4, 3))
+    baselines_dir = tmp_path.resolve() / "commands/fixture_corpus/baselines"
+    settings, prepare, argv = study.gdr_commands(run_study.Dataset("fixture_corpus", data_dir),
+                                                 run_study.GDR_SYSTEMS["gdr_minilm"])
+    encoder = baselines_dir / "minilm_finetuned"
+    assert prepare == [
+        ("vectors", [sys.executable, "-m", "gr_jax.tools.dense_index", "--model_dir", str(encoder), "--step", "9"]),
+        ("clusters", [sys.executable, "-m", "gr_jax.tools.gdr_index", "build", "--index_dir",
+                      str(encoder / "index/9"), "--branching", "4,3", "--out_dir",
+                      str(baselines_dir / "gdr_minilm.clusters")])]
+    assert argv == [sys.executable, "-m", "gr_jax.train", "--gin_file=gdr/minilm.gin",
+                    "--gin_file=models/t5_1_1/small.gin", f"--gin_bindings=DATA_DIR = {str(data_dir)!r}",
+                    "--gin_bindings=DATASET_NAME = 'fixture_corpus'",
+                    f"--gin_bindings=MODEL_DIR = {str(baselines_dir / 'gdr_minilm')!r}",
+                    "--gin_bindings=TRAIN_STEPS = 5",
+                    f"--gin_bindings=GDR_INDEX = {str(baselines_dir / 'gdr_minilm.clusters')!r}",
+                    "--gin_bindings=data.GdrData.eval_split = 'valid'"]
+    assert settings["document_encoder"] == {"name": "minilm_finetuned", "split": "valid", "steps": 9,
+                                            "gin_files": ["dense/minilm.gin"], "bindings": []}
+
+    # Cached on rerun; a failing preparation fails the system with its reason; another encoder setting reruns it.
+    again = FakeRunner()
+    run_study.main(args, runner=again, preflight=_fake_preflight)
+    assert again.calls == []
+    failing = FakeRunner(failing={"gr_jax.tools.gdr_index"})
+    results = run_study.main([*args[:-4], "--gdr", "gdr_minilm", "--dense_steps", "8"], runner=failing,
+                             preflight=_fake_preflight)
+    gdr = results["datasets"]["fixture_corpus"]["baselines"]["gdr_minilm"]
+    assert failing.calls == [("minilm_finetuned", 8), ("dense_index",), ("gdr_index",)]
+    assert gdr["status"] == "failed" and gdr["reason"].startswith("clusters: ValueError: no vectors here")
+    with pytest.raises(SystemExit):
+        run_study.main([*args, "--gdr", "gdr_nope"], runner=FakeRunner(), preflight=_fake_preflight)

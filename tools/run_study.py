@@ -2,7 +2,7 @@
 
     python -m gr_jax.tools.run_study --data_dir data/wordnet_food --rows 1a,2a --schemes naive --size tiny \\
         --steps 300 --out_dir runs/study_wordnet [--data_dir DIR2 ...] [--gin_file F] [--gin.KEY=VALUE ...] \\
-        [--dense_baselines all --dense_steps 500]
+        [--dense_baselines all --dense_steps 500] [--gdr all --gdr_steps 1000 --gdr_branching 8,8]
 
 Each cell (data dir x row x docid scheme) is one `python -m gr_jax.train` process, the normal gin entry point
 (`experiments/study_cpu.gin`, then `models/t5_1_1/{size}.gin`, the row's variant gins, `--gin_file`s and the
@@ -13,7 +13,12 @@ when `{data_dir}/d2q.tsv` exists (`python -m gr_jax.tools.doc2query generate`), 
 all-MiniLM-L6-v2 zero-shot, MiniLM fine-tuned on the data dir's training queries for `--dense_steps`, and a
 T5.1.1-encoder dual encoder of the study's `--size` trained from scratch as long; each a `gr_jax.train` run of
 `gin_configs/dense/` with only its own bindings (the `--gin_file`s and `--gin.KEY=VALUE`s are the cells'),
-evaluated on the study's split. `--no_baselines` skips them all.
+evaluated on the study's split. Then the GDR-style systems of `--gdr` (`GDR_SYSTEMS`, or `all`; docs/gdr.md): each
+chains three commands, the document vectors of its dense baseline's last state (`python -m gr_jax.tools.dense_index`,
+the baseline runs first whether or not `--dense_baselines` names it), their clusters (`python -m
+gr_jax.tools.gdr_index build --branching {--gdr_branching}`) and a `gr_jax.train` run of `gin_configs/gdr/` whose
+cluster decoder is the study's `--size`, trained `--gdr_steps` steps (default: `--steps`). `--no_baselines` skips
+them all.
 
 Rows are the study's table ids (Pradeep et al. 2023, Tables 2-3; `STUDY_ROWS`), optionally with variants:
 `2a+unconstrained` evaluates without the docid trie (`VARIANTS`). A row whose mixture is not registered for a
@@ -26,12 +31,14 @@ Output in `--out_dir`:
     {dataset}.metric_by_row.png      bars per row and scheme, baselines as lines (matplotlib, if installed)
     metric_by_corpus_size.png        with several (nested) data dirs: each cell's metrics against corpus size
     {dataset}/{row}.{scheme}/        the cell's model dir: train.log, cell.json, checkpoints, TREC run
-    {dataset}/baselines/             bm25[_d2q].{log,json}, TREC runs; {dense baseline}/ model dirs and .json
+    {dataset}/baselines/             bm25[_d2q].{log,json}, TREC runs; {dense baseline}/ model dirs and .json;
+                                     {gdr system}/ model dirs, .json, {gdr system}.clusters/ and the chain's logs
 
 Resumable: a cell whose `cell.json` holds final metrics for the same settings is not run again; a cell that
 stopped part-way resumes from its last checkpoint (the trainer restores it and its input position).
-Baselines likewise, per `baselines/{system}.json`; a dense baseline's model dir is cleared when its settings
-(steps, gin files with the size gin, bindings, split) change.
+Baselines likewise, per `baselines/{system}.json`; a dense baseline's or GDR system's model dir is cleared when its
+settings (steps, gin files with the size gin, bindings, split; for GDR also the branching and its dense baseline's
+settings) change.
 """
 from __future__ import annotations
 
@@ -120,6 +127,26 @@ DENSE_BASELINES: dict[str, DenseBaseline] = {b.name: b for b in (
     DenseBaseline("minilm_finetuned", "MiniLM fine-tuned (dual encoder)", ("dense/minilm.gin",), trains=True),
     DenseBaseline("t5_dual_encoder", "T5.1.1-{size} dual encoder (scratch)", ("dense/t5.gin",), trains=True,
                   sized=True),
+)}
+
+
+@dataclasses.dataclass(frozen=True)
+class GdrSystem:
+    """A GDR-style row (`gr_jax.gdr`): the clustered document vectors of the dense baseline `document_encoder`, and
+    one `gr_jax.train` run of its gin files with the study's `--size` as the cluster decoder (and as the query
+    encoder when the gins name no tower)."""
+    name: str
+    label: str  # may name {size}
+    document_encoder: str  # a DENSE_BASELINES name
+    gin_files: tuple[str, ...]
+    bindings: tuple[str, ...] = ()
+
+
+GDR_SYSTEMS: dict[str, GdrSystem] = {g.name: g for g in (
+    GdrSystem("gdr_minilm", "GDR-style (MiniLM tower, T5.1.1-{size} cluster decoder)", "minilm_finetuned",
+              ("gdr/minilm.gin",)),
+    GdrSystem("gdr_t5", "GDR-style (T5.1.1-{size}, scratch; MiniLM document vectors)", "minilm_finetuned",
+              ("gdr/train.gin",)),
 )}
 # Docid schemes whose cells need a decoder gin: the study's atomic ids have their own output head.
 SCHEME_GIN_FILES: dict[str, tuple[str, ...]] = {"atomic": ("decoders/atomic.gin",)}
@@ -280,6 +307,9 @@ class Study:
     baselines: bool = True
     dense_baselines: Sequence[str] = ()
     dense_steps: int = 500
+    gdr_systems: Sequence[str] = ()
+    gdr_steps: Optional[int] = None  # None: `steps`
+    gdr_branching: tuple[int, ...] = (8, 8)
     cell_timeout: Optional[float] = None
     runner: CommandRunner = run_logged
     preflight: Preflight = registered_rows
@@ -337,13 +367,32 @@ class Study:
             results["bm25_d2q"] = {"label": "BM25 w/ doc2query-T5", "status": "skipped",
                                    "reason": f"no {d2q_file} (python -m gr_jax.tools.doc2query train/generate "
                                              "makes one)"}
-        for name in self.dense_baselines:
+        for name in self.dense_baselines_run():
             settings, argv = self.dense_command(dataset, DENSE_BASELINES[name])
             model_dir = self.dense_dir(dataset, name)
             results[name] = self._baseline(
                 out, name, label=DENSE_BASELINES[name].label.format(size=self.size), argv=argv, settings=settings,
                 model_dir=model_dir, metrics=lambda log, model_dir=model_dir: _final_eval_metrics(model_dir))
+        for name in self.gdr_systems:
+            system = GDR_SYSTEMS[name]
+            label = system.label.format(size=self.size)
+            encoder = results[system.document_encoder]
+            if encoder["status"] != "ok":
+                results[name] = {"label": label, "split": self.split, "status": "failed",
+                                 "reason": f"its document encoder, the dense baseline {system.document_encoder}, "
+                                           f"failed: {encoder.get('reason', '')}"}
+                continue
+            settings, prepare, argv = self.gdr_commands(dataset, system)
+            model_dir = self.dense_dir(dataset, name)
+            results[name] = self._baseline(out, name, label=label, argv=argv, settings=settings, prepare=prepare,
+                                           model_dir=model_dir,
+                                           metrics=lambda log, model_dir=model_dir: _final_eval_metrics(model_dir))
         return results
+
+    def dense_baselines_run(self) -> list[str]:
+        """`dense_baselines`, then the document encoders of `gdr_systems` not among them."""
+        needed = [GDR_SYSTEMS[name].document_encoder for name in self.gdr_systems]
+        return list(dict.fromkeys([*self.dense_baselines, *needed]))
 
     def dense_dir(self, dataset: Dataset, name: str) -> pathlib.Path:
         return self.out_dir / dataset.name / "baselines" / name
@@ -360,12 +409,41 @@ class Study:
         return settings, [self.python, "-m", "gr_jax.train", *(f"--gin_file={f}" for f in gin_files),
                           *(f"--gin_bindings={b}" for b in bindings)]
 
+    def gdr_commands(self, dataset: Dataset, system: GdrSystem
+                     ) -> tuple[dict[str, Any], list[tuple[str, list[str]]], list[str]]:
+        """(settings, the commands before training as (log name, argv), the training argv) of a GDR system: its
+        dense baseline's vectors at its last step, their clusters, then `gr_jax.train` of its gins with the size
+        gin and its own bindings (not the study's `--gin_file`s and bindings, which configure the generative cells)."""
+        encoder_settings, _ = self.dense_command(dataset, DENSE_BASELINES[system.document_encoder])
+        encoder_dir = self.dense_dir(dataset, system.document_encoder).resolve()
+        clusters_dir = self.dense_dir(dataset, f"{system.name}.clusters").resolve()
+        steps = self.steps if self.gdr_steps is None else self.gdr_steps
+        branching = ",".join(str(b) for b in self.gdr_branching)
+        prepare = [
+            ("vectors", [self.python, "-m", "gr_jax.tools.dense_index", "--model_dir", str(encoder_dir),
+                         "--step", str(encoder_settings["steps"])]),
+            ("clusters", [self.python, "-m", "gr_jax.tools.gdr_index", "build", "--index_dir",
+                          str(encoder_dir / "index" / str(encoder_settings["steps"])), "--branching", branching,
+                          "--out_dir", str(clusters_dir)])]
+        gin_files = [*system.gin_files, f"models/t5_1_1/{self.size}.gin"]
+        bindings = [f"DATA_DIR = {str(dataset.data_dir)!r}", f"DATASET_NAME = {dataset.name!r}",
+                    f"MODEL_DIR = {str(self.dense_dir(dataset, system.name).resolve())!r}",
+                    f"TRAIN_STEPS = {steps}", f"GDR_INDEX = {str(clusters_dir)!r}",
+                    f"data.GdrData.eval_split = {self.split!r}", *system.bindings]
+        settings = {"split": self.split, "steps": steps, "gin_files": gin_files, "bindings": list(system.bindings),
+                    "branching": list(self.gdr_branching),
+                    "document_encoder": {"name": system.document_encoder, **encoder_settings}}
+        return settings, prepare, [self.python, "-m", "gr_jax.train", *(f"--gin_file={f}" for f in gin_files),
+                                   *(f"--gin_bindings={b}" for b in bindings)]
+
     def _baseline(self, out: pathlib.Path, system: str, *, label: str, settings: dict, argv: list[str],
-                  metrics: Callable[[pathlib.Path], Optional[dict]],
-                  model_dir: Optional[pathlib.Path] = None) -> dict[str, Any]:
+                  metrics: Callable[[pathlib.Path], Optional[dict]], model_dir: Optional[pathlib.Path] = None,
+                  prepare: Sequence[tuple[str, list[str]]] = ()) -> dict[str, Any]:
         """Runs one baseline command (or reuses its result for the same settings); `metrics(log)` reads its metrics
         after a successful run (None: there are none). A training baseline's `model_dir` resumes a run with the same
-        settings (one that stopped part-way) and is cleared for other settings: its checkpoints would be restored."""
+        settings (one that stopped part-way) and is cleared for other settings: its checkpoints would be restored.
+        `prepare`: (name, argv) commands run first, in order, each logged to `{system}.{name}.log`; the first that
+        fails is the baseline's failure."""
         saved = _read_json(out / f"{system}.json")
         if saved and saved.get("status") == "ok" and saved.get("settings") == settings:
             return saved
@@ -376,8 +454,16 @@ class Study:
             (model_dir / "final_metrics.json").unlink(missing_ok=True)  # Only this run's metrics count.
         result = {"label": label, "split": self.split, "settings": settings}
         _write_json(out / f"{system}.json", {**result, "status": "running"})  # Which settings model_dir holds.
-        log = out / f"{system}.log"
         start = time.perf_counter()
+        for name, command in prepare:
+            log = out / f"{system}.{name}.log"
+            returncode = self.runner(command, log, self.cell_timeout)
+            if returncode != 0:
+                result.update(status="failed", reason=f"{name}: {failure_reason(log, returncode)}",
+                              seconds=time.perf_counter() - start)
+                _write_json(out / f"{system}.json", result)
+                return result
+        log = out / f"{system}.log"
         returncode = self.runner(argv, log, self.cell_timeout)
         found = metrics(log) if returncode == 0 else None
         result["seconds"] = time.perf_counter() - start
@@ -453,8 +539,10 @@ class Study:
     def run(self) -> dict[str, Any]:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.results = {"settings": {**self.settings(), "steps": self.steps, "rows": [r.key for r in self.rows],
-                                     "schemes": list(self.schemes), "dense_baselines": list(self.dense_baselines),
-                                     "dense_steps": self.dense_steps},
+                                     "schemes": list(self.schemes), "dense_baselines": self.dense_baselines_run(),
+                                     "dense_steps": self.dense_steps, "gdr_systems": list(self.gdr_systems),
+                                     "gdr_steps": self.steps if self.gdr_steps is None else self.gdr_steps,
+                                     "gdr_branching": list(self.gdr_branching)},
                         "datasets": {}, "cells": []}
         for dataset in self.datasets:
             self.results["datasets"][dataset.name] = {"data_dir": str(dataset.data_dir), **corpus_stats(dataset,
@@ -504,7 +592,10 @@ def format_markdown(results: dict[str, Any]) -> str:
     dense = (f"; dense baselines that train: {settings['dense_steps']} steps" if any(
         DENSE_BASELINES[name].trains for name in settings.get("dense_baselines", ()) if name in DENSE_BASELINES)
         else "")
-    lines = [f"# Study: T5.1.1-{settings['size']}, {settings['steps']} steps, split {settings['split']}{dense}", ""]
+    gdr = (f"; GDR systems: {settings['gdr_steps']} steps, {'x'.join(map(str, settings['gdr_branching']))} clusters"
+           if settings.get("gdr_systems") else "")
+    lines = [f"# Study: T5.1.1-{settings['size']}, {settings['steps']} steps, split {settings['split']}{dense}{gdr}",
+             ""]
     for name, info in results["datasets"].items():
         lines += [f"## {name}: {info.get('documents', '?')} documents, {info.get('queries', '?')} "
                   f"{settings['split']} queries", ""]
@@ -631,6 +722,10 @@ def main(argv: Optional[Sequence[str]] = None, *, runner: CommandRunner = run_lo
                         help=f"comma-separated dual-encoder baselines {sorted(DENSE_BASELINES)}, or 'all'")
     parser.add_argument("--dense_steps", type=int, default=500,
                         help="training steps of the dense baselines that train (default: 500)")
+    parser.add_argument("--gdr", default="", help=f"comma-separated GDR-style systems {sorted(GDR_SYSTEMS)}, or 'all'")
+    parser.add_argument("--gdr_steps", type=int, default=None, help="training steps of the GDR systems (default: "
+                                                                    "--steps)")
+    parser.add_argument("--gdr_branching", default="8,8", help="clusters per level of the GDR cluster ids")
     parser.add_argument("--cell_timeout", type=float, default=None, help="seconds before a cell is killed")
     args, rest = parser.parse_known_args(argv)
     gin_args, gin_files, bindings = gin_utils.parse_args(rest, description=__doc__)
@@ -645,6 +740,16 @@ def main(argv: Optional[Sequence[str]] = None, *, runner: CommandRunner = run_lo
     unknown = [name for name in dense_baselines if name not in DENSE_BASELINES]
     if unknown:
         parser.error(f"unknown dense baseline(s) {unknown}; choose from {sorted(DENSE_BASELINES)} or 'all'")
+    gdr_systems = list(GDR_SYSTEMS) if args.gdr.strip() == "all" else _split_list(args.gdr)
+    unknown = [name for name in gdr_systems if name not in GDR_SYSTEMS]
+    if unknown:
+        parser.error(f"unknown GDR system(s) {unknown}; choose from {sorted(GDR_SYSTEMS)} or 'all'")
+    try:
+        gdr_branching = tuple(int(b) for b in _split_list(args.gdr_branching))
+    except ValueError:
+        parser.error(f"--gdr_branching {args.gdr_branching!r}: comma-separated integers, e.g. 8,8")
+    if not gdr_branching or min(gdr_branching) < 2:
+        parser.error(f"--gdr_branching {args.gdr_branching!r}: every level needs at least 2 clusters")
     names = [default_dataset_name(d) for d in args.data_dir]
     if len(set(names)) != len(names):
         parser.error(f"data dirs must have distinct folder names (they name the tasks): {names}")
@@ -655,7 +760,8 @@ def main(argv: Optional[Sequence[str]] = None, *, runner: CommandRunner = run_lo
                                                                  if pathlib.Path(f).is_file() else f
                                                                  for f in gin_files],
                   bindings=bindings, split=args.split, baselines=not args.no_baselines,
-                  dense_baselines=dense_baselines, dense_steps=args.dense_steps,
+                  dense_baselines=dense_baselines, dense_steps=args.dense_steps, gdr_systems=gdr_systems,
+                  gdr_steps=args.gdr_steps, gdr_branching=gdr_branching,
                   cell_timeout=args.cell_timeout, runner=runner, preflight=preflight)
     results = study.run()
     print((study.out_dir / "results.md").read_text())

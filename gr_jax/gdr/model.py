@@ -22,12 +22,14 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from gr_jax import decoding
 from gr_jax import losses
 from gr_jax import network
 from gr_jax.dense.towers import Tower
 from gr_jax.encoders.minilm import l2_normalize, mean_pool
 from gr_jax.gdr.losses import GdrLoss
 from gr_jax.models import EncoderDecoderModel
+from gr_jax.docids.trie import Trie
 
 Array = jax.Array
 Batch = Mapping[str, Array]
@@ -76,6 +78,13 @@ class GdrNetwork(network.Transformer):
     def query_vectors(self, encoder_input_tokens: Array) -> Array:
         return self.query_vector(self.query_states(encoder_input_tokens), encoder_input_tokens)
 
+    def recall_context(self, encoder_input_tokens: Array, *, max_decode_len: int
+                       ) -> tuple[network.DecodeContext, Array]:
+        """One encoding for both stages at inference: (the decoder's prefill, r_q float32[B, document_dim])."""
+        states = self.query_states(encoder_input_tokens)
+        context = self.prefill_encoded(self._bridged(states), encoder_input_tokens > 0, max_decode_len=max_decode_len)
+        return context, self.query_vector(states, encoder_input_tokens)
+
     def train_outputs(self, encoder_input_tokens: Array, decoder_input_tokens: Array, *,
                       enable_dropout: bool = False) -> tuple[Array, Array, Array]:
         """One pass of both stages over one encoding: (logits, decoder states, r_q)."""
@@ -106,6 +115,9 @@ class GdrModel(EncoderDecoderModel):
     def __post_init__(self):
         if not self.temperature > 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if self.config.head.ranks_in_one_pass:
+            raise ValueError(f"GDR decodes cluster ids by beam search through their trie; the {self.config.decoder_head!r} "
+                             "head ranks in one pass: use the standard or the pawa head")
 
     @property
     def module(self) -> GdrNetwork:
@@ -131,3 +143,12 @@ class GdrModel(EncoderDecoderModel):
     def query_vectors(self, params, encoder_input_tokens: Array) -> Array:
         """r_q float32[B, document_dim] without dropout."""
         return self.module.apply({"params": params}, encoder_input_tokens, method=GdrNetwork.query_vectors)
+
+    def recall_batch(self, params, encoder_input_tokens: Array, *, num_beams: int, max_decode_len: int,
+                     trie: Trie) -> tuple[decoding.BeamSearchResult, Array]:
+        """Both stages' query side from one encoding: the `num_beams` best cluster ids (constrained beam search, as
+        `predict_batch`) and r_q float32[B, document_dim]."""
+        context, query_vectors = self.module.apply({"params": params}, encoder_input_tokens,
+                                                   max_decode_len=max_decode_len, method=GdrNetwork.recall_context)
+        result = self.beam_search_from(params, context, num_beams=num_beams, max_decode_len=max_decode_len, trie=trie)
+        return result, query_vectors

@@ -1,6 +1,6 @@
 """A GDR model as a retriever: the generative stage recalls clusters, the dense stage ranks their documents.
 
-Per batch of queries, one compiled function (per number of beams) encodes the queries, decodes the `num_beams`
+Per batch of queries, one compiled function (per number of beams) encodes the queries once, decodes the `num_beams`
 best cluster ids through the trie of cluster ids (constrained beam search, exact log-probabilities) and computes
 the query vectors r_q; the host then scores every document of the recalled clusters in the clustered index
 (`gr_jax.gdr.index.ClusteredIndex.search`: S_intra / tau + cluster_weight * log p(cluster | q), exact top-k).
@@ -72,11 +72,11 @@ class GdrRetriever:
     def _predict_impl(self, params, tokens: jax.Array, trie, *, num_beams: int):
         """tokens int32[batch, input_length] -> (clusters int32[batch, beams] (-1: no cluster),
         log-probabilities float32[batch, beams], query vectors float32[batch, dim])."""
-        result = self.model.predict_batch(params, tokens, num_beams=num_beams,
-                                          max_decode_len=self.cluster_space.table.max_length, trie=trie)
+        result, query_vectors = self.model.recall_batch(params, tokens, num_beams=num_beams,
+                                                        max_decode_len=self.cluster_space.table.max_length, trie=trie)
         batch, beams, length = result.sequences.shape
         clusters = trie.leaf_indices(result.sequences.reshape(batch * beams, length)).reshape(batch, beams)
-        return clusters, result.scores, self.model.query_vectors(params, tokens)
+        return clusters, result.scores, query_vectors
 
     def _executable(self, params, tokens: jax.Array) -> tuple[Any, float]:
         if self.num_beams in self._compiled:
