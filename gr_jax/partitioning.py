@@ -287,14 +287,14 @@ def data_axis_multiple(batch_size: int, mesh: Mesh) -> int:
 
 
 def padded_batches(tokens: np.ndarray, batch_size: int) -> Iterator[tuple[np.ndarray, int]]:
-    """(int32[batch_size, length] chunk, number of real rows) over the rows of `tokens` int[n, length]: the last
-    chunk is filled with empty (all-PAD) rows, so one compiled shape serves any number of rows; callers drop the
-    padding rows' outputs."""
+    """(int32[batch_size, ...] chunk, number of real rows) over the rows of `tokens` int[n, ...]: the last chunk
+    is filled with empty (all-PAD) rows, so one compiled shape serves any number of rows; callers drop the padding
+    rows' outputs."""
     for lo in range(0, len(tokens), batch_size):
         chunk = np.asarray(tokens[lo:lo + batch_size], np.int32)
         real = len(chunk)
         if real < batch_size:
-            chunk = np.concatenate([chunk, np.zeros((batch_size - real, chunk.shape[1]), np.int32)])
+            chunk = np.concatenate([chunk, np.zeros((batch_size - real, *chunk.shape[1:]), np.int32)])
         yield chunk, real
 
 

@@ -1,0 +1,223 @@
+"""The Contrastive Generation Loss (CGL) of a generative retrieval model (Cai et al. 2025, Eq. 5).
+
+    CGL(q) = -log[ S- / (L+ + S-) ] = log(1 + L+ / S-),   S- = sum over the sampled negatives of L(q, I-)
+
+L(q, I) is the generation loss of identifier I given q (a positive number, not a probability): by default the
+mean per-token cross entropy of I's tokens, EOS included and padding masked (`token_reduction='mean'`; 'sum': the
+sequence's negative log-likelihood). L+ is the minimum over the query's judged positives (`positive_reduction`,
+or 'mean'); the negatives are `num_negatives` documents drawn uniformly without replacement from the docid space
+minus the query's positives, fresh per query from `seed` (the authors' code: 256, S- = mean x 256, which is the
+sum). A model that cannot tell positives from negatives scores log((n + 1) / n), 0.0039 for n = 256; lower is
+better. The reported value is the mean over the split's queries.
+
+Scoring is teacher-forced and batched (`EncoderDecoderModel.score_candidates`: each query encoded once, its
+1 + n candidates decoded together), jitted with the trainer's parameter shardings over the run's mesh. Queries
+whose judged documents are not in the docid space are counted and skipped (`queries_without_positive`); a split
+with none left is an error. `EvaluateCgl` is the same measurement as a periodic training action.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import pathlib
+from collections.abc import Sequence
+from typing import Any, Literal, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import tqdm
+
+from gr_jax import partitioning
+from gr_jax.actions import Action
+from gr_jax.data.readers import open_dataset
+from gr_jax.vocabulary import encode_inputs
+
+logger = logging.getLogger(__name__)
+
+Reduction = Literal["min", "mean"]
+TokenReduction = Literal["mean", "sum"]
+
+
+@dataclasses.dataclass(frozen=True)
+class CglConfig:
+    """How CGL is measured (see the module docstring); every field is recorded with the result."""
+    num_negatives: int = 256
+    positive_reduction: Reduction = "min"
+    token_reduction: TokenReduction = "mean"
+    seed: int = 0
+    batch_size: int = 8  # queries per compiled call, each with its positives and num_negatives candidates
+    max_queries: Optional[int] = None  # the split's first queries only
+
+    def __post_init__(self):
+        if self.num_negatives < 1 or self.batch_size < 1:
+            raise ValueError(f"num_negatives and batch_size must be >= 1, got {self.num_negatives}, "
+                             f"{self.batch_size}")
+        if self.positive_reduction not in ("min", "mean") or self.token_reduction not in ("mean", "sum"):
+            raise ValueError(f"positive_reduction must be 'min' or 'mean' and token_reduction 'mean' or 'sum', got "
+                             f"{self.positive_reduction!r}, {self.token_reduction!r}")
+
+
+def contrastive_generation_loss(positive_losses: np.ndarray, positive_valid: np.ndarray,
+                                negative_losses: np.ndarray, *, positive_reduction: Reduction = "min") -> np.ndarray:
+    """Per-query CGL float64[Q] from L(q, I) of the positives float[Q, P] (valid where `positive_valid` bool[Q, P];
+    every query needs one) and of the negatives float[Q, n]."""
+    positive_losses = np.asarray(positive_losses, np.float64)
+    valid = np.asarray(positive_valid, bool)
+    if not valid.any(axis=1).all():
+        raise ValueError("every query needs at least one valid positive")
+    if positive_reduction == "min":
+        positive = np.where(valid, positive_losses, np.inf).min(axis=1)
+    else:
+        positive = np.where(valid, positive_losses, 0.0).sum(axis=1) / valid.sum(axis=1)
+    negatives = np.asarray(negative_losses, np.float64).sum(axis=1)
+    return np.log1p(positive / negatives)
+
+
+def chance_level(num_negatives: int) -> float:
+    """CGL of a model whose L(q, I) is the same for every identifier: log((n + 1) / n)."""
+    return math.log1p(1.0 / num_negatives)
+
+
+def sample_negatives(*, num_documents: int, positives: Sequence[np.ndarray], num_negatives: int,
+                     seed: int) -> np.ndarray:
+    """int64[Q, n]: per query, `num_negatives` distinct rows of range(num_documents) that are not its positives,
+    uniform, from one seeded generator in query order."""
+    rng = np.random.default_rng(seed)
+    out = np.empty((len(positives), num_negatives), np.int64)
+    for i, rows in enumerate(positives):
+        excluded = np.unique(np.asarray(rows, np.int64))
+        available = num_documents - excluded.size
+        if available < num_negatives:
+            raise ValueError(f"{num_negatives} negatives asked for, but only {available} documents are not positives "
+                             f"of query {i}: lower num_negatives")
+        draw = rng.choice(available, size=num_negatives, replace=False)
+        # Map [0, available) onto the rows that are not excluded: shift past every excluded row at or below.
+        out[i] = draw + np.searchsorted(excluded - np.arange(excluded.size), draw, side="right")
+    return out
+
+
+class CglScorer:
+    """L(q, I) of candidate identifiers with one compiled, sharded function (see the module docstring).
+
+    built: a generative run (`gr_jax.experiment.Built`) with a docid space."""
+
+    def __init__(self, built: Any, *, config: CglConfig = CglConfig()):
+        if getattr(built, "docid_space", None) is None:
+            raise ValueError("CGL scores docid sequences: the run needs a generative model with a docid space")
+        self.built = built
+        self.config = config
+        self.table = built.docid_space.table
+        trainer = built.trainer
+        self.batch_size = partitioning.data_axis_multiple(config.batch_size, trainer.mesh)
+        model, token_mean = built.model, config.token_reduction == "mean"
+
+        def losses(params, tokens, candidates):
+            log_likelihood, positions = model.score_candidates(params, tokens, candidates)
+            return -log_likelihood / positions if token_mean else -log_likelihood
+
+        batch_sharding = partitioning.batch_sharding(trainer.mesh)
+        self._losses = jax.jit(losses, in_shardings=(trainer.state_shardings.params, batch_sharding, batch_sharding),
+                               out_shardings=batch_sharding)
+        self._batch_sharding = batch_sharding
+
+    def candidate_losses(self, params, tokens: np.ndarray, rows: np.ndarray, *,
+                         show_progress: bool = False) -> np.ndarray:
+        """L(q, I) float32[Q, C] of docid-table rows int64[Q, C] (-1: padding, scored as the first row and to be
+        masked by the caller) for query tokens int32[Q, input_length]."""
+        candidates = self.table.tokens[np.maximum(rows, 0)].astype(np.int32)  # [Q, C, T]
+        trainer = self.built.trainer
+        out = []
+        with partitioning.partitioning_context(mesh=trainer.mesh, rules=trainer.rules):
+            chunks = zip(partitioning.padded_batches(tokens, self.batch_size),
+                         partitioning.padded_batches(candidates, self.batch_size))
+            for (query_chunk, real), (candidate_chunk, _) in tqdm.tqdm(
+                    chunks, total=-(-len(tokens) // self.batch_size), desc="CGL", unit="batch", leave=False,
+                    disable=not show_progress):
+                put = lambda x: jax.device_put(x, self._batch_sharding)  # noqa: E731
+                out.append(np.asarray(jax.device_get(self._losses(params, put(query_chunk),
+                                                                  put(candidate_chunk))))[:real])
+        width = rows.shape[1]
+        return np.concatenate(out) if out else np.zeros((0, width), np.float32)
+
+    def measure(self, params, *, split: str, show_progress: bool = False) -> dict[str, Any]:
+        """CGL of `split` with `params`: the mean, its parts and the settings (JSON-ready)."""
+        config = self.config
+        experiment = self.built.experiment
+        data = open_dataset(experiment.dataset.data_dir)
+        queries = list(data.queries(split))
+        if config.max_queries:
+            queries = queries[:config.max_queries]
+        qrels = data.qrels(split)
+        kept, positives, without = [], [], 0
+        for qid, text in queries:
+            judged = [docid for docid, grade in qrels.get(qid, {}).items() if grade > 0]
+            rows = self.table.rows_of(judged) if judged else np.zeros(0, np.int64)
+            rows = rows[rows >= 0]
+            if rows.size == 0:
+                without += 1
+                continue
+            kept.append(text)
+            positives.append(rows)
+        if not kept:
+            raise ValueError(f"no query of {experiment.dataset.data_dir} split {split!r} has a judged document in "
+                             "the docid space: nothing to measure")
+        negatives = sample_negatives(num_documents=len(self.table), positives=positives,
+                                     num_negatives=config.num_negatives, seed=config.seed)
+        most = max(len(p) for p in positives)
+        positive_rows = np.full((len(kept), most), -1, np.int64)
+        for i, rows in enumerate(positives):
+            positive_rows[i, :len(rows)] = rows
+        tokens = encode_inputs(kept, vocabulary=self.built.vocabulary, input_length=experiment.dataset.input_length)
+        losses = self.candidate_losses(params, tokens, np.concatenate([positive_rows, negatives], axis=1),
+                                       show_progress=show_progress)
+        per_query = contrastive_generation_loss(losses[:, :most], positive_rows >= 0, losses[:, most:],
+                                                positive_reduction=config.positive_reduction)
+        positive = np.where(positive_rows >= 0, losses[:, :most], np.nan)
+        return {"cgl": float(per_query.mean()), "chance": chance_level(config.num_negatives),
+                "positive_loss": float(np.nanmean(positive)), "negative_loss": float(losses[:, most:].mean()),
+                "num_queries": len(kept), "queries_without_positive": without, "split": split,
+                "settings": dataclasses.asdict(config)}
+
+
+def evaluate_cgl(*, experiment: Any, split: Optional[str] = None, step: Optional[int] = None,
+                 config: CglConfig = CglConfig(), progress: bool = True) -> dict[str, Any]:
+    """CGL of a checkpoint (latest, or `step`) on `split` (default: the run's eval split); writes
+    `cgl.{split}.{step}.json` into the model dir and returns what it wrote."""
+    built = experiment.build()
+    params, step = built.restore_params(step)
+    split = split or experiment.dataset.eval_split
+    result = {"step": step, **CglScorer(built, config=config).measure(params, split=split, show_progress=progress)}
+    path = pathlib.Path(experiment.model_dir) / f"cgl.{split}.{step}.json"
+    path.write_text(json.dumps(result, indent=1))
+    return result
+
+
+class EvaluateCgl(Action):
+    """CGL of `split` every `every_steps` steps and at the last step, as `cgl/{split}/*` scalars and in the run's report.
+    gin: `training.train.actions = [@cgl.EvaluateCgl()]` (gin_configs/scaling/cgl_every.gin)."""
+
+    def __init__(self, *, every_steps: int, split: Optional[str] = None, config: CglConfig = CglConfig()):
+        if every_steps < 1:
+            raise ValueError(f"every_steps must be >= 1, got {every_steps}")
+        self.every_steps = every_steps
+        self.split = split
+        self.config = config
+
+    def start(self, run):
+        self._scorer = CglScorer(run.built, config=self.config)
+        self._split = self.split or run.built.experiment.dataset.eval_split
+        return False
+
+    def _measure(self, run, step: int, params) -> None:
+        result = self._scorer.measure(params, split=self._split)
+        scalars = {f"cgl/{self._split}/{k}": result[k] for k in ("cgl", "positive_loss", "negative_loss")}
+        run.writer.write_scalars(step, scalars)
+        run.report.update(scalars)
+        logger.info("step %d CGL on %s: %.6f (chance %.6f)", step, self._split, result["cgl"], result["chance"])
+
+    def __call__(self, run, progress):
+        self._measure(run, progress.step, progress.state.params)  # also at the last step (`Action.due`)
+        return False
