@@ -9,9 +9,13 @@ from gr_jax import gin_utils
 from gr_jax import network
 
 GIN_DIR = gin_utils.GIN_CONFIGS_DIR
-# Published T5.1.1 dimensions (emb, heads, layers per stack, mlp); head_dim is 64 for all.
-T5_1_1 = {"small": (512, 6, 8, 1024), "base": (768, 12, 12, 2048), "large": (1024, 16, 24, 2816),
-          "xl": (2048, 32, 24, 5120), "xxl": (4096, 64, 24, 10240), "tiny": (256, 4, 4, 512)}
+# T5.1.1 dimensions (emb, heads, layers per stack, mlp, head_dim): the published sizes, our CPU tiny, and the
+# scaling grid's sizes with their non-embedding parameters (docs/scaling.md).
+T5_1_1 = {"small": (512, 6, 8, 1024, 64), "base": (768, 12, 12, 2048, 64), "large": (1024, 16, 24, 2816, 64),
+          "xl": (2048, 32, 24, 5120, 64), "xxl": (4096, 64, 24, 10240, 64), "tiny": (256, 4, 4, 512, 64),
+          "p100k": (64, 2, 1, 128, 32), "p800k": (128, 4, 2, 256, 32), "p2m": (192, 3, 2, 384, 64),
+          "p16m": (384, 6, 4, 1024, 64)}
+NON_EMBEDDING = {"p100k": 98_880, "p800k": 788_224, "p2m": 1_771_968, "tiny": 6_297_344, "p16m": 16_523_904}
 
 
 @pytest.fixture(autouse=True)
@@ -26,9 +30,13 @@ def test_size_gins_set_only_dimensions(size):
     path = GIN_DIR / "models" / "t5_1_1" / f"{size}.gin"
     gin_utils.parse_gin(gin_files=[str(path)], bindings=[])
     config = gin.get_configurable(network.T5Config)()
-    emb, heads, layers, mlp = T5_1_1[size]
+    emb, heads, layers, mlp, head_dim = T5_1_1[size]
     assert (config.emb_dim, config.num_heads, config.num_encoder_layers, config.num_decoder_layers,
-            config.mlp_dim, config.head_dim) == (emb, heads, layers, layers, mlp, 64)
+            config.mlp_dim, config.head_dim) == (emb, heads, layers, layers, mlp, head_dim)
+    if size in NON_EMBEDDING:
+        import dataclasses
+        from gr_jax.tools.model_stats import non_embedding_param_count
+        assert non_embedding_param_count(dataclasses.replace(config, vocab_size=2048)) == NON_EMBEDDING[size]
     defaults = network.T5Config()
     assert (config.dropout_rate, config.dtype, config.vocab_size) == (defaults.dropout_rate, defaults.dtype, None)
     bound = {line.split("=")[0].strip() for line in path.read_text().splitlines()

@@ -147,6 +147,16 @@ def param_count(config: network.T5Config) -> int:
     return int(sum(math.prod(x.shape) for x in jax.tree.leaves(abstract_params(config))))
 
 
+# The vocabulary-sized matrices: the input embedding and the (untied) output layer.
+EMBEDDING_PARAMS = ("token_embedder", "logits_dense")
+
+
+def non_embedding_param_count(config: network.T5Config) -> int:
+    """Parameters outside `EMBEDDING_PARAMS` (the P of scaling laws, as in Kaplan et al. and Cai et al. 2025)."""
+    return int(sum(math.prod(leaf.shape) for path, leaf in jax.tree_util.tree_leaves_with_path(abstract_params(config))
+                   if not any(getattr(key, "key", None) in EMBEDDING_PARAMS for key in path)))
+
+
 def measure(row: Row, *, input_length: int, num_beams: int) -> Stats:
     """Parameters and per-query inference FLOPs of one row (see the module docstring for what is counted)."""
     config = row.config

@@ -1,0 +1,110 @@
+"""The scaling grid: fraction dirs, one run_study per size, CGL per cell, the fits of planted laws, correlations
+and the beam sweep, with stand-ins for the subprocesses."""
+import json
+import pathlib
+
+import pytest
+
+from gr_jax.tools import scaling_study
+
+from conftest import FIXTURES
+
+PARAMS = {"p100k": 100_000, "p800k": 800_000, "p2m": 2_000_000, "tiny": 6_000_000}
+MODEL_LAW = (3e3, 0.5, 0.001)  # CGL(P) = (gamma / P)^alpha + lambda at the full data
+BEAM_LAW = (10.0, 0.4, 0.2)    # MR(C) = (mu / C)^sigma + lambda
+
+
+def _bindings(argv):
+    return dict(arg[len("--gin_bindings="):].split(" = ", 1) for arg in argv if arg.startswith("--gin_bindings="))
+
+
+class FakeRunner:
+    """Writes what gr_jax.train / gr_jax.cgl / gr_jax.eval would; CGL follows planted laws in P and D."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, argv, log_path, timeout):
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        module = argv[argv.index("-m") + 1]
+        bindings = _bindings(argv)
+        if module == "gr_jax.train":
+            model_dir = pathlib.Path(eval(bindings["MODEL_DIR"]))
+            size = next(a for a in argv if "models/t5_1_1/" in a).rsplit("/", 1)[1][:-4]
+            fraction = int(eval(bindings["DATASET_NAME"]).rsplit("_q", 1)[1]) / 100
+            self.calls.append(("train", size, fraction))
+            model_dir.mkdir(parents=True, exist_ok=True)
+            (model_dir / "cell.json").unlink(missing_ok=True)
+            (model_dir / "fake.json").write_text(json.dumps({"size": size, "fraction": fraction}))
+            cgl = self.cgl(size, fraction)
+            (model_dir / "final_metrics.json").write_text(json.dumps({
+                "eval/MRR@10": 0.8 - 2 * cgl, "eval/Recall@1": 0.1, "eval/Recall@10": 1 - 2 * cgl}))
+            return 0
+        model_dir = pathlib.Path(next(a for a in argv if a.startswith("--gin_file="))[len("--gin_file="):]).parent
+        cell = json.loads((model_dir / "fake.json").read_text())
+        if module == "gr_jax.cgl":
+            self.calls.append(("cgl", cell["size"], cell["fraction"]))
+            negatives = int(bindings["CGL_NEGATIVES"])
+            result = {"cgl": self.cgl(cell["size"], cell["fraction"]), "chance": 1 / negatives,
+                      "settings": {"num_negatives": negatives}}
+            log_path.write_text(json.dumps(result) + "\n")
+            (model_dir / f"cgl.dev.{bindings['CGL_STEP']}.json").write_text(json.dumps(result))
+            return 0
+        assert module == "gr_jax.eval"
+        beams = int(bindings["training.EvalConfig.num_beams"])
+        self.calls.append(("eval", cell["size"], cell["fraction"], beams))
+        miss = (BEAM_LAW[0] / flops(model_dir, beams)) ** BEAM_LAW[1] + BEAM_LAW[2]
+        log_path.write_text(json.dumps({"MRR@10": 1 - miss, "Recall@5": 1 - miss, "Recall@20": 1 - miss / 2,
+                                        "Recall@100": 1 - miss / 4}) + "\n")
+        return 0
+
+    @staticmethod
+    def cgl(size, fraction):
+        gamma, alpha, floor = MODEL_LAW
+        return (gamma / PARAMS[size]) ** alpha + floor + 0.002 * (1 / fraction - 1)
+
+
+def flops(cell_dir, beams):
+    return 1e6 * beams
+
+
+def test_the_grid_trains_measures_and_fits_the_planted_laws(tmp_path):
+    out_dir = tmp_path / "scaling"
+    args = ["--data_dir", str(FIXTURES / "tasks"), "--out_dir", str(out_dir), "--sizes", "p100k,p800k,p2m,tiny",
+            "--fractions", "0.5,1.0", "--steps", "3", "--beams", "1,2,4,8,16", "--cgl_negatives", "16"]
+    runner = FakeRunner()
+    results = scaling_study.main(args, runner=runner, preflight=lambda **_: {"firstp_labeled"}, flops=flops,
+                                 params=PARAMS.__getitem__)
+    trained = [c for c in runner.calls if c[0] == "train"]
+    assert sorted(trained) == sorted(("train", s, f) for s in PARAMS for f in (0.5, 1.0))
+    assert all(c["status"] == "ok" and c["cgl"] is not None for c in results["cells"])
+    # Each fraction dir has its share of the training queries; D is their judged pairs.
+    pairs = {c["fraction"]: c["pairs"] for c in results["cells"]}
+    assert pairs[0.5] < pairs[1.0]
+    model = results["fits"]["model_size"]
+    assert model["points"] == 4 and model["r2"] == pytest.approx(1.0, abs=1e-6)
+    assert model["parameters"]["alpha"] == pytest.approx(MODEL_LAW[1], rel=1e-3)
+    assert results["fits"]["data_size"] is None  # two fractions: fewer points than its three parameters
+    assert results["monotonic"]["falls_with_params"] and results["monotonic"]["falls_with_pairs"]
+    assert results["correlations"]["Recall@10"]["spearman"] == pytest.approx(-1.0)
+    # The beam sweep ran on the best cell (the largest model at all the data) and recovers Eq. 12 for MR@5.
+    assert results["inference"]["cell"]["size"] == "tiny" and results["inference"]["cell"]["fraction"] == 1.0
+    mr5 = results["inference"]["fits"]["MR@5"]
+    assert mr5["parameters"]["sigma"] == pytest.approx(BEAM_LAW[1], rel=1e-3) and mr5["r2"] > 0.999999
+    assert json.loads((out_dir / "scaling.json").read_text())["settings"]["cgl_negatives"] == 16
+    table = (out_dir / "scaling.md").read_text()
+    assert "| tiny | 6,000,000 | 1 |" in table and "model_size: L(P) = (gamma/P)^alpha + lambda" in table
+
+    # Rerun: every cell, CGL and beam size is reused.
+    again = FakeRunner()
+    scaling_study.main(args, runner=again, preflight=lambda **_: {"firstp_labeled"}, flops=flops,
+                       params=PARAMS.__getitem__)
+    assert again.calls == []
+
+
+def test_bad_arguments_are_refused(tmp_path):
+    base = ["--data_dir", str(FIXTURES / "tasks"), "--out_dir", str(tmp_path), "--steps", "3"]
+    for extra in (["--sizes", "no_such_size"], ["--sizes", "tiny", "--fractions", "0,1"],
+                  ["--sizes", "tiny", "--row", "9z"], ["--sizes", "tiny", "--beams", "0"]):
+        with pytest.raises(SystemExit):
+            scaling_study.main([*base, *extra], runner=FakeRunner())
