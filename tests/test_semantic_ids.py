@@ -374,5 +374,5 @@ def test_schemes_are_listed():
     from gr_jax import docids
     from gr_jax.tools import semantic_ids as tool
 
-    assert tool.SCHEMES == ("semantic", "semantic2d", "atomic")
-    assert set(tool.SCHEMES) <= set(docids.SCHEMES) == {"naive", "atomic", "semantic", "semantic2d"}
+    assert tool.SCHEMES == ("semantic", "semantic2d", "codebook", "atomic")
+    assert set(tool.SCHEMES) <= set(docids.SCHEMES) == {"naive", "atomic", "semantic", "semantic2d", "codebook"}

@@ -1,0 +1,64 @@
+"""Codebook docids (RIPOR-style, `gr_jax.codebook_ids`): L residual k-means codes of N values as new tokens.
+
+Position-specific tokens (default): code c at level l is `vocab_size + l * N + c`, so each level has its own N
+tokens (L x N appended); shared tokens: code c is `vocab_size + c` at every level (N appended). A document whose
+codes another shares gets a collision position after them, `vocab_size + (L x N or N) + j`; then EOS. Built
+offline from the collection's embeddings by `python -m gr_jax.tools.semantic_ids --scheme codebook`.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from gr_jax.docids.scheme import DocidScheme, register_scheme
+from gr_jax.docids.schemes.semantic import check_docids
+from gr_jax.docids.table import DocidTable, ExtendedDocidTable, check_appended_vocab_size
+from gr_jax.vocabulary import EOS_ID, PAD_ID
+
+if TYPE_CHECKING:  # the k-means modules import the docid table, so only for annotations here
+    from gr_jax.codebook_ids import CodebookIds
+
+
+@register_scheme
+class CodebookScheme(DocidScheme):
+    name = "codebook"
+    prebuilt = True
+
+    def prebuilt_command(self, data_dir: str | os.PathLike) -> str:
+        return f"python -m gr_jax.tools.semantic_ids --data_dir {data_dir} --scheme codebook --levels 8 --codes 256"
+
+    def build(self, *, dataset, vocabulary) -> DocidTable:
+        raise FileNotFoundError(f"codebook docids come from residual k-means over the collection's embeddings, built "
+                                f"offline by `{self.prebuilt_command(dataset.data_dir)}`")
+
+    def check(self, table, *, vocabulary, rows) -> str | None:
+        inside = table.content_tokens()
+        inside = inside[inside < vocabulary.vocab_size]
+        if inside.size:
+            return (f"it holds token ids {inside[:5].tolist()} inside the vocabulary of {vocabulary.vocab_size} "
+                    f"pieces, but codebook tokens are appended after it (made with another vocabulary?)")
+        return None
+
+
+def codebook_docid_table(*, docids: Sequence[str], ids: CodebookIds, vocab_size: int,
+                         shared_codes: bool = False) -> ExtendedDocidTable:
+    """tokens int32[N, L + 2] (codes, the collision position or EOS, then EOS or PAD); see the module docstring."""
+    docids = check_docids(docids, len(ids))
+    levels, num_codes = ids.levels, ids.num_codes
+    code_tokens = num_codes if shared_codes else levels * num_codes
+    num_extra_tokens = code_tokens + ids.max_collisions
+    check_appended_vocab_size(vocab_size, num_extra_tokens)
+    offsets = 0 if shared_codes else np.arange(levels, dtype=np.int64) * num_codes
+    tokens = np.full((len(ids), levels + 2), PAD_ID, np.int64)
+    tokens[:, :levels] = vocab_size + offsets + ids.codes.astype(np.int64)
+    colliding = ids.collision >= 0
+    tokens[colliding, levels] = vocab_size + code_tokens + ids.collision[colliding]
+    tokens[colliding, levels + 1] = EOS_ID
+    tokens[~colliding, levels] = EOS_ID
+    if not colliding.any():
+        tokens = tokens[:, :levels + 1]
+    return ExtendedDocidTable(table=DocidTable(docids=docids, tokens=tokens.astype(np.int32)), vocab_size=vocab_size,
+                              num_extra_tokens=num_extra_tokens)
