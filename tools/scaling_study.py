@@ -286,7 +286,8 @@ def format_markdown(results: dict[str, Any]) -> str:
     settings = results["settings"]
     lines = [f"# Scaling study: row {settings['row']}, {settings['scheme']} ids, {settings['steps']} steps, "
              f"split {settings['split']}, CGL with {settings['cgl_negatives']} negatives", "",
-             "| size | P (non-embedding) | fraction | D (pairs) | CGL | Recall@10 | MRR@10 |", "|---|---|---|---|---|---|---|"]
+             "| size | P (non-embedding) | fraction | D (pairs) | CGL | Recall@10 | MRR@10 |",
+             "|---|---|---|---|---|---|---|"]
     for cell in results["cells"]:
         metrics = cell.get("metrics") or {}
         lines.append(f"| {cell['size']} | {cell['params']:,} | {cell['fraction']:g} | {cell['pairs']:,} | "

@@ -26,10 +26,10 @@ from gr_jax import decoding
 from gr_jax import losses
 from gr_jax import network
 from gr_jax.dense.towers import Tower
+from gr_jax.docids.trie import Trie
 from gr_jax.encoders.minilm import l2_normalize, mean_pool
 from gr_jax.gdr.losses import GdrLoss
 from gr_jax.models import EncoderDecoderModel
-from gr_jax.docids.trie import Trie
 
 Array = jax.Array
 Batch = Mapping[str, Array]
@@ -116,8 +116,8 @@ class GdrModel(EncoderDecoderModel):
         if not self.temperature > 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
         if self.config.head.ranks_in_one_pass:
-            raise ValueError(f"GDR decodes cluster ids by beam search through their trie; the {self.config.decoder_head!r} "
-                             "head ranks in one pass: use the standard or the pawa head")
+            raise ValueError(f"GDR decodes cluster ids by beam search through their trie; the "
+                             f"{self.config.decoder_head!r} head ranks in one pass: use the standard or the pawa head")
 
     @property
     def module(self) -> GdrNetwork:

@@ -196,8 +196,8 @@ def evaluate_cgl(*, experiment: Any, split: Optional[str] = None, step: Optional
 
 
 class EvaluateCgl(Action):
-    """CGL of `split` every `every_steps` steps and at the last step, as `cgl/{split}/*` scalars and in the run's report.
-    gin: `training.train.actions = [@cgl.EvaluateCgl()]` (gin_configs/scaling/cgl_every.gin)."""
+    """CGL of `split` every `every_steps` steps and at the last step, as `cgl/{split}/*` scalars and in the run's
+    report. gin: `training.train.actions = [@cgl.EvaluateCgl()]` (gin_configs/scaling/cgl_every.gin)."""
 
     def __init__(self, *, every_steps: int, split: Optional[str] = None, config: CglConfig = CglConfig()):
         if every_steps < 1:
