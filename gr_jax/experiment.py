@@ -153,6 +153,7 @@ class Experiment:
     seed: int = 0
     mesh_data: int = -1
     mesh_model: int = 1
+    rules: partitioning.LogicalAxisRules = partitioning.LOGICAL_AXIS_RULES  # logical axis -> mesh axis
     # A Hugging Face T5.1.1 dir (config.json + safetensors), as the study, or a gr_jax model dir (e.g. continued
     # span-corruption pretraining on the corpus, see gr_jax.warm_start): the run's parameters start from it.
     init_checkpoint: Optional[str] = None
@@ -179,7 +180,8 @@ def training_parts(experiment: Any, *, model: Any, keep_checkpoints: int
     trainer = Trainer(model=model, optimizer=experiment.optimizer_factory(learning_rate=experiment.learning_rate),
                       mesh=mesh, input_length=experiment.dataset.input_length,
                       target_length=experiment.dataset.target_length, batch_size=experiment.batch_size,
-                      num_microbatches=experiment.num_microbatches, learning_rate_fn=experiment.learning_rate)
+                      num_microbatches=experiment.num_microbatches, learning_rate_fn=experiment.learning_rate,
+                      rules=experiment.rules)
     checkpointer = checkpoints.Checkpointer(pathlib.Path(experiment.model_dir) / "checkpoints",
                                             max_to_keep=keep_checkpoints)
     return mesh, trainer, checkpointer

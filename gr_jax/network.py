@@ -131,7 +131,8 @@ def fan_in_init(fan_in_axes: int, scale: float = 1.0) -> Initializer:
     """Variance scaling over the first `fan_in_axes` dims (truncated normal), as in Mesh TensorFlow's T5."""
     def init(key, shape, dtype=jnp.float32):
         fan_in = int(np.prod(shape[:fan_in_axes]))
-        std = np.sqrt(scale / fan_in) / 0.87962566103423978  # Std of a unit normal truncated to [-2, 2].
+        # A Python float is weakly typed: the kernel keeps `dtype` (a numpy float64 would promote bf16 to f32).
+        std = float(np.sqrt(scale / fan_in) / 0.87962566103423978)  # Std of a unit normal truncated to [-2, 2].
         return std * jax.random.truncated_normal(key, -2.0, 2.0, shape, dtype)
     return init
 

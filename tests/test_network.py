@@ -164,3 +164,17 @@ def test_remat_gives_the_same_logits_and_gradients():
     np.testing.assert_allclose(results[0][0], results[1][0], rtol=1e-6)
     for a, b in zip(jax.tree.leaves(results[0][1]), jax.tree.leaves(results[1][1])):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_bfloat16_parameters_are_bfloat16_kernels_too():
+    """param_dtype='bfloat16' holds for every parameter: the fan-in initialiser's scale must not promote kernels
+    to float32 (a numpy float64 scale did)."""
+    from gr_jax.models import EncoderDecoderModel
+    config = network.T5Config(vocab_size=128, emb_dim=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
+                              head_dim=16, mlp_dim=64, dropout_rate=0.0, param_dtype="bfloat16")
+    model = EncoderDecoderModel(config=config)
+    params = nn.unbox(jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), input_length=4,
+                                                        target_length=3))["params"])
+    dtypes = {jax.tree_util.keystr(path): leaf.dtype for path, leaf in jax.tree_util.tree_leaves_with_path(params)}
+    assert {str(d) for d in dtypes.values()} == {"bfloat16"}, dtypes
+    assert any("query" in name for name in dtypes)

@@ -364,3 +364,16 @@ def test_unknown_gin_binding_is_reported():
     # Bad input ends with one line naming it, and exit status 1 (gr_jax.entry_point), not a traceback.
     with pytest.raises(SystemExit, match="^error: .*(No configurable matching 'T5Config.no_such_knob'|no_such_knob)"):
         train_main.main(["--gin_file=runs/train.gin", "--gin.network.T5Config.no_such_knob=3"])
+
+
+def test_logical_axis_rules_chosen_for_an_experiment_shard_its_parameters(data_dir, tmp_path):
+    """2-D parameter sharding: rules given to the experiment (gin: `experiment.Experiment.rules`) reach the trainer,
+    its parameter shardings and the retriever; the default rules shard `embed` nowhere."""
+    import dataclasses
+    from gr_jax import partitioning
+    two_d = tuple((axis, "data" if axis == "embed" else target) for axis, target in partitioning.LOGICAL_AXIS_RULES)
+    default = _experiment(data_dir, tmp_path / "default").build()
+    built = dataclasses.replace(_experiment(data_dir, tmp_path / "2d"), rules=two_d).build()
+    assert built.trainer.rules == two_d
+    spec = lambda b: b.trainer.state_shardings.params["encoder_layers_0"]["mlp"]["wi_0"].spec  # noqa: E731
+    assert tuple(spec(default)) == (None, "model") and tuple(spec(built)) == ("data", "model")

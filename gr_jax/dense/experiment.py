@@ -19,6 +19,7 @@ import optax
 
 from gr_jax import checkpoints
 from gr_jax import optimizers
+from gr_jax import partitioning
 from gr_jax.data.readers import open_dataset
 from gr_jax.dense import data as dense_data
 from gr_jax.dense import losses as dense_losses
@@ -44,6 +45,7 @@ class DenseExperiment:
     seed: int = 0
     mesh_data: int = -1
     mesh_model: int = 1
+    rules: partitioning.LogicalAxisRules = partitioning.LOGICAL_AXIS_RULES  # logical axis -> mesh axis
     index: IndexConfig = IndexConfig()
 
     def build(self, *, keep_checkpoints: int = 3) -> DenseBuilt:

@@ -26,6 +26,7 @@ from flax import traverse_util
 from gr_jax import checkpoints
 from gr_jax import network
 from gr_jax import optimizers
+from gr_jax import partitioning
 from gr_jax.data.readers import DataFormatError, open_dataset
 from gr_jax.dense.towers import SentencePieceTokenizer, Tokenizer, Tower
 from gr_jax.docids import DocidSpace
@@ -71,6 +72,7 @@ class GdrExperiment:
     seed: int = 0
     mesh_data: int = -1
     mesh_model: int = 1
+    rules: partitioning.LogicalAxisRules = partitioning.LOGICAL_AXIS_RULES  # logical axis -> mesh axis
 
     def __post_init__(self):
         if self.query_tower_from_document_encoder and self.query_tower is None:
