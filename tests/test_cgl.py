@@ -122,7 +122,7 @@ def test_cgl_during_training_and_from_the_entry_point(spm_data_dir, tmp_path, ca
     train_main.main(["--gin_file=runs/train.gin", "--gin_file=models/t5_1_1/tiny.gin",
                      "--gin_file=scaling/cgl_every.gin", "--gin.TRAIN_STEPS=3", "--gin.CGL_EVERY=2",
                      "--gin.CGL_NEGATIVES=4", f"--gin.DATA_DIR='{spm_data_dir}'", f"--gin.MODEL_DIR={model_dir}",
-                     "--gin.DATASET_NAME='fixture'", "--gin.INPUT_LENGTH=16", "--gin.TARGET_LENGTH=12",
+                     "--gin.DATASET_NAME='cgl_fixture'", "--gin.INPUT_LENGTH=16", "--gin.TARGET_LENGTH=12",
                      "--gin.BATCH_SIZE=8", "--gin.network.T5Config.num_encoder_layers=1",
                      "--gin.network.T5Config.num_decoder_layers=1", "--gin.training.EvalConfig.num_beams=4",
                      "--gin.training.EvalConfig.batch_size=8"])
