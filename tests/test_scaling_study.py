@@ -95,6 +95,16 @@ def test_the_grid_trains_measures_and_fits_the_planted_laws(tmp_path):
     table = (out_dir / "scaling.md").read_text()
     assert "| tiny | 6,000,000 | 1 |" in table and "model_size: L(P) = (gamma/P)^alpha + lambda" in table
 
+    # Analysing only the finished cells of a larger grid trains nothing; the data law takes the size measured at
+    # the most fractions.
+    calls = FakeRunner()
+    partial = scaling_study.main([*args[:-6], "--fractions", "0.25,0.5,1.0", "--steps", "3", "--beams", "1,2,4",
+                                  "--cgl_negatives", "16", "--analyse_only"], runner=calls,
+                                 preflight=lambda **_: {"firstp_labeled"}, flops=flops, params=PARAMS.__getitem__)
+    assert not [c for c in calls.calls if c[0] == "train"]
+    assert sorted((c["size"], c["fraction"]) for c in partial["cells"]) == sorted(
+        (s, f) for s in PARAMS for f in (0.5, 1.0))
+
     # Rerun: every cell, CGL and beam size is reused.
     again = FakeRunner()
     scaling_study.main(args, runner=again, preflight=lambda **_: {"firstp_labeled"}, flops=flops,

@@ -13,6 +13,8 @@
 4. Laws (`gr_jax.scaling.laws`): CGL against non-embedding parameters P at the largest fraction (Eq. 6), against
    training pairs D at the largest size (Eq. 7), and jointly over every cell (Eq. 8); the monotonicity of CGL in P
    and in D; Spearman and Pearson correlations of CGL with Recall@10 and MRR@10 across cells.
+   The data law uses the size measured at the most fractions (the largest of those). `--analyse_only` trains
+   nothing and analyses the cells that have finished (a grid grown in parts).
 5. Inference compute: the best cell (MRR@10) ranked again with each of `--beams` (`gr_jax.eval`), MR@k = 1 -
    Recall@k for k in 5, 20, 100, against the FLOPs per query of that beam size (`gr_jax.tools.model_stats`'
    counting), and Eq. 12 fitted per k.
@@ -80,6 +82,7 @@ class ScalingStudy:
     gin_files: Sequence[str] = ()
     bindings: Sequence[str] = ()
     seed: int = 0
+    analyse_only: bool = False
     runner: run_study.CommandRunner = run_study.run_logged
     preflight: run_study.Preflight = run_study.registered_rows
     flops: FlopsCounter = count_flops
@@ -99,8 +102,18 @@ class ScalingStudy:
         return out
 
     def run_cells(self, fraction_dirs) -> list[dict[str, Any]]:
+        """Every (size, fraction) cell; with `analyse_only`, the finished cells only, nothing trained."""
         cells = []
         for size in self.sizes:
+            if self.analyse_only:
+                for fraction, directory, pairs in fraction_dirs:
+                    saved = run_study._read_json(self.out_dir / "cells" / size / directory.name / f"{self.row}."
+                                                 f"{self.scheme}" / "cell.json")
+                    if saved and saved.get("status") == "ok" and saved.get("steps") == self.steps:
+                        cells.append({"size": size, "params": self.params(size), "fraction": fraction,
+                                      "pairs": pairs, **{k: saved.get(k) for k in ("status", "metrics", "reason",
+                                                                                     "model_dir")}})
+                continue
             study = run_study.Study(
                 datasets=[run_study.Dataset(run_study.default_dataset_name(d), d) for _, d, _ in fraction_dirs],
                 rows=[run_study.parse_row(self.row)], schemes=[self.scheme], size=size, steps=self.steps,
@@ -199,7 +212,11 @@ def analyse(cells: Sequence[dict[str, Any]], *, out_dir: pathlib.Path) -> dict[s
     if not cells:
         return {"fits": {}, "monotonic": {}, "correlations": {}}
     largest_fraction = max(c["fraction"] for c in cells)
-    largest_size = max(c["params"] for c in cells)
+    # The data law: the size measured at the most fractions (the largest of those), as the paper fixes one model.
+    fractions_by_size = {}
+    for c in cells:
+        fractions_by_size.setdefault(c["params"], set()).add(c["fraction"])
+    largest_size = max(fractions_by_size, key=lambda p: (len(fractions_by_size[p]), p))
     by_size = sorted((c for c in cells if c["fraction"] == largest_fraction), key=lambda c: c["params"])
     by_pairs = sorted((c for c in cells if c["params"] == largest_size), key=lambda c: c["pairs"])
     fits = {
@@ -334,6 +351,8 @@ def main(argv: Optional[Sequence[str]] = None, *, runner: run_study.CommandRunne
     parser.add_argument("--cgl_negatives", type=int, default=256)
     parser.add_argument("--beams", default="1,5,10,20,50,100")
     parser.add_argument("--seed", type=int, default=0, help="of the training-query fractions")
+    parser.add_argument("--analyse_only", action="store_true",
+                        help="train nothing: measure and fit the cells of the grid that have finished")
     args, rest = parser.parse_known_args(argv)
     gin_args, gin_files, bindings = gin_utils.parse_args(rest, description=__doc__)
     sizes = run_study._split_list(args.sizes)
@@ -357,6 +376,7 @@ def main(argv: Optional[Sequence[str]] = None, *, runner: run_study.CommandRunne
     study = ScalingStudy(data_dir=pathlib.Path(args.data_dir), out_dir=pathlib.Path(args.out_dir), sizes=sizes,
                          fractions=fractions, steps=args.steps, row=args.row, scheme=args.scheme, split=args.split,
                          cgl_negatives=args.cgl_negatives, beams=beams, seed=args.seed,
+                         analyse_only=args.analyse_only,
                          gin_files=[str(pathlib.Path(f).resolve()) if pathlib.Path(f).is_file() else f
                                     for f in gin_files], bindings=bindings,
                          runner=runner, preflight=preflight, flops=flops, params=params)
