@@ -6,29 +6,15 @@ line and writes `cgl.{split}.{step}.json` into the model dir. Settings: `--gin.c
 """
 from __future__ import annotations
 
-import json
-import sys
-
-import gin
-
 from gr_jax import entry_point
-from gr_jax import gin_utils
 
 
 def main(argv=None) -> None:
-    entry_point.setup()
-    args, gin_files, bindings = gin_utils.parse_args(sys.argv[1:] if argv is None else argv, description=__doc__)
-    if "runs/cgl.gin" not in gin_files:
-        gin_files.append("runs/cgl.gin")
-
-    def body() -> None:
+    def evaluate_cgl():
         from gr_jax.scaling import cgl  # after setup: it loads TensorFlow
+        return cgl.evaluate_cgl
 
-        gin_utils.parse_gin(gin_files=gin_files, bindings=bindings, search_paths=args.gin_search_path)
-        gin_utils.initialize_distributed()
-        print(json.dumps(gin.get_configurable(cgl.evaluate_cgl)()))
-
-    entry_point.run(body)
+    entry_point.run_configured(argv, description=__doc__, gin_file="runs/cgl.gin", function=evaluate_cgl)
 
 
 if __name__ == "__main__":

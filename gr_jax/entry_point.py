@@ -103,3 +103,25 @@ def run_tool(build: Callable[[], dict], *, report: Callable[[dict], Any] = lambd
     summary = run(build)
     print(json.dumps(report(summary), indent=indent), flush=True)
     return summary
+
+
+def run_configured(argv, *, description: str, gin_file: str, function: Callable[[], Callable[[], Any]]) -> None:
+    """Body of an entry point that calls one gin-configured function: `--gin_file`s (the run's config.gin) and
+    `--gin.KEY=VALUE`s, then `gin_file` (which binds the function, e.g. runs/eval.gin), then the function's result
+    printed as one JSON line. `function` returns the configurable; it is called after `setup`, so its module may
+    import TensorFlow."""
+    import gin
+
+    from gr_jax import gin_utils
+    setup()
+    args, gin_files, bindings = gin_utils.parse_args(sys.argv[1:] if argv is None else argv, description=description)
+    if gin_file not in gin_files:
+        gin_files.append(gin_file)
+
+    def body() -> None:
+        configurable = function()
+        gin_utils.parse_gin(gin_files=gin_files, bindings=bindings, search_paths=args.gin_search_path)
+        gin_utils.initialize_distributed()
+        print(json.dumps(gin.get_configurable(configurable)()))
+
+    run(body)

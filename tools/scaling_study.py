@@ -28,9 +28,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
+import functools
 import logging
-import math
 import pathlib
 import sys
 from collections.abc import Callable, Sequence
@@ -52,13 +51,20 @@ FlopsCounter = Callable[[pathlib.Path, int], float]
 ParamCounter = Callable[[str], int]
 
 
+@functools.lru_cache(maxsize=4)
+def _cell_model(cell_dir: pathlib.Path) -> tuple[Any, int, int]:
+    """(network config, docid length with EOS, input length) of a cell's run, rebuilt once per cell."""
+    from gr_jax.search import restore_run
+    built = restore_run(str(cell_dir))
+    return built.model.config, int(built.docid_space.table.max_length), built.experiment.dataset.input_length
+
+
 def count_flops(cell_dir: pathlib.Path, num_beams: int) -> float:
     """FLOPs per query of the cell's model with `num_beams` beams (`model_stats.measure`, nothing allocated)."""
-    from gr_jax.search import restore_run
     from gr_jax.tools import model_stats
-    built = restore_run(str(cell_dir))
-    row = model_stats.Row("cell", str(cell_dir), built.model.config, int(built.docid_space.table.max_length))
-    return model_stats.measure(row, input_length=built.experiment.dataset.input_length, num_beams=num_beams).flops
+    config, docid_length, input_length = _cell_model(pathlib.Path(cell_dir))
+    row = model_stats.Row("cell", str(cell_dir), config, docid_length)
+    return model_stats.measure(row, input_length=input_length, num_beams=num_beams).flops
 
 
 def count_params(size: str) -> int:

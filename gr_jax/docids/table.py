@@ -318,6 +318,17 @@ class ExtendedDocidTable:
         return self.vocab_size + self.num_extra_tokens
 
 
+def appended_tokens_problem(table: DocidTable, *, vocab_size: int) -> str | None:
+    """Why `table` is not one whose docid tokens are appended after a vocabulary of `vocab_size` pieces (2D
+    semantic, codebook ids), or None: the `DocidScheme.check` of such schemes."""
+    inside = table.content_tokens()
+    inside = inside[inside < vocab_size]
+    if inside.size:
+        return (f"it holds token ids {inside[:5].tolist()} inside the vocabulary of {vocab_size} pieces, but its "
+                f"docid tokens must be appended after it (made with another vocabulary?)")
+    return None
+
+
 def check_appended_vocab_size(vocab_size: int, num_extra_tokens: int) -> None:
     """A vocabulary that docid tokens can be appended after: it holds PAD and EOS, and the total fits int32."""
     if vocab_size <= max(PAD_ID, EOS_ID):

@@ -130,13 +130,13 @@ class CglScorer:
         candidates = self.table.tokens[np.maximum(rows, 0)].astype(np.int32)  # [Q, C, T]
         trainer = self.built.trainer
         out = []
+        put = lambda x: jax.device_put(x, self._batch_sharding)  # noqa: E731
         with partitioning.partitioning_context(mesh=trainer.mesh, rules=trainer.rules):
             chunks = zip(partitioning.padded_batches(tokens, self.batch_size),
                          partitioning.padded_batches(candidates, self.batch_size))
             for (query_chunk, real), (candidate_chunk, _) in tqdm.tqdm(
                     chunks, total=-(-len(tokens) // self.batch_size), desc="CGL", unit="batch", leave=False,
                     disable=not show_progress):
-                put = lambda x: jax.device_put(x, self._batch_sharding)  # noqa: E731
                 out.append(np.asarray(jax.device_get(self._losses(params, put(query_chunk),
                                                                   put(candidate_chunk))))[:real])
         width = rows.shape[1]

@@ -3,19 +3,20 @@
 Position-specific tokens (default): code c at level l is `vocab_size + l * N + c`, so each level has its own N
 tokens (L x N appended); shared tokens: code c is `vocab_size + c` at every level (N appended). A document whose
 codes another shares gets a collision position after them, `vocab_size + (L x N or N) + j`; then EOS. Built
-offline from the collection's embeddings by `python -m gr_jax.tools.semantic_ids --scheme codebook`.
+offline from the collection's embeddings by `python -m gr_jax.tools.semantic_ids --scheme codebook` (its `--levels`,
+`--codes`, `--shared_codes`).
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gr_jax.docids.scheme import DocidScheme, register_scheme
-from gr_jax.docids.schemes.semantic import check_docids
-from gr_jax.docids.table import DocidTable, ExtendedDocidTable, check_appended_vocab_size
+from gr_jax.docids.scheme import register_scheme
+from gr_jax.docids.schemes.semantic import EmbeddingIdScheme, check_docids
+from gr_jax.docids.table import (DocidTable, ExtendedDocidTable, appended_tokens_problem,
+                                 check_appended_vocab_size)
 from gr_jax.vocabulary import EOS_ID, PAD_ID
 
 if TYPE_CHECKING:  # the k-means modules import the docid table, so only for annotations here
@@ -23,24 +24,11 @@ if TYPE_CHECKING:  # the k-means modules import the docid table, so only for ann
 
 
 @register_scheme
-class CodebookScheme(DocidScheme):
+class CodebookScheme(EmbeddingIdScheme):
     name = "codebook"
-    prebuilt = True
-
-    def prebuilt_command(self, data_dir: str | os.PathLike) -> str:
-        return f"python -m gr_jax.tools.semantic_ids --data_dir {data_dir} --scheme codebook --levels 8 --codes 256"
-
-    def build(self, *, dataset, vocabulary) -> DocidTable:
-        raise FileNotFoundError(f"codebook docids come from residual k-means over the collection's embeddings, built "
-                                f"offline by `{self.prebuilt_command(dataset.data_dir)}`")
 
     def check(self, table, *, vocabulary, rows) -> str | None:
-        inside = table.content_tokens()
-        inside = inside[inside < vocabulary.vocab_size]
-        if inside.size:
-            return (f"it holds token ids {inside[:5].tolist()} inside the vocabulary of {vocabulary.vocab_size} "
-                    f"pieces, but codebook tokens are appended after it (made with another vocabulary?)")
-        return None
+        return appended_tokens_problem(table, vocab_size=vocabulary.vocab_size)
 
 
 def codebook_docid_table(*, docids: Sequence[str], ids: CodebookIds, vocab_size: int,

@@ -24,8 +24,9 @@ if TYPE_CHECKING:  # the k-means module imports the docid table, so only for ann
 DIGITS = "0123456789"
 
 
-class SemanticIdScheme(DocidScheme):
-    """A scheme whose table is made from hierarchical k-means ids, offline, by `gr_jax.tools.semantic_ids`."""
+class EmbeddingIdScheme(DocidScheme):
+    """A scheme whose table is made from the collection's embeddings (k-means), offline, by
+    `gr_jax.tools.semantic_ids --scheme {name}`."""
 
     prebuilt = True
 
@@ -35,6 +36,10 @@ class SemanticIdScheme(DocidScheme):
     def build(self, *, dataset, vocabulary) -> DocidTable:
         raise FileNotFoundError(f"{self.name} docids come from k-means over the collection's embeddings, built "
                                 f"offline by `{self.prebuilt_command(dataset.data_dir)}`")
+
+
+class SemanticIdScheme(EmbeddingIdScheme):
+    """A scheme whose table is made from hierarchical k-means ids (`gr_jax.semantic_ids`)."""
 
     @abc.abstractmethod
     def from_semantic_ids(self, *, docids: Sequence[str], ids: SemanticIds, vocabulary) -> ExtendedDocidTable:

@@ -11,7 +11,8 @@ import numpy as np
 
 from gr_jax.docids.scheme import register_scheme
 from gr_jax.docids.schemes.semantic import SemanticIdScheme, check_docids
-from gr_jax.docids.table import DocidTable, ExtendedDocidTable, check_appended_vocab_size
+from gr_jax.docids.table import (DocidTable, ExtendedDocidTable, appended_tokens_problem,
+                                 check_appended_vocab_size)
 from gr_jax.vocabulary import EOS_ID, PAD_ID
 
 if TYPE_CHECKING:  # the k-means module imports the docid table, so only for annotations here
@@ -26,12 +27,7 @@ class Semantic2DScheme(SemanticIdScheme):
         return semantic_2d_docid_table(docids=docids, ids=ids, vocab_size=vocabulary.vocab_size)
 
     def check(self, table, *, vocabulary, rows) -> str | None:
-        inside = table.content_tokens()
-        inside = inside[inside < vocabulary.vocab_size]
-        if inside.size:
-            return (f"it holds token ids {inside[:5].tolist()} inside the vocabulary of {vocabulary.vocab_size} "
-                    f"pieces, but its docid tokens must be appended after it (made with another vocabulary?)")
-        return None
+        return appended_tokens_problem(table, vocab_size=vocabulary.vocab_size)
 
 
 def semantic_2d_docid_table(*, docids: Sequence[str], ids: SemanticIds, vocab_size: int) -> ExtendedDocidTable:
