@@ -47,10 +47,26 @@ class RunData(Protocol):
         """The run's docids (read once per run), or None when the targets are no docids (doc2query)."""
 
     def register(self, docid_space: Optional[DocidSpace]) -> list[str]:
-        """Registers the seqio tasks this data trains on; returns their names."""
+        """Registers the seqio tasks this data trains on (none for host-made batches); returns their names."""
+
+    def train_batches(self, *, docid_space: Optional[DocidSpace], batch_size: int, seed: int, start_batch: int,
+                      shard_index: int, num_shards: int) -> Iterator[dict]:
+        """This process's rows of the global training batches from `start_batch` on, as the model's features."""
 
     @property
-    def mixture_name(self) -> str: ...
+    def mixture_name(self) -> str:
+        """What the run trains on, by name (its seqio mixture or task)."""
+
+
+def seqio_train_batches(data: RunData, *, batch_size: int, seed: int, start_batch: int, shard_index: int,
+                        num_shards: int) -> Iterator[dict]:
+    """The training batches of data whose examples are the seqio mixture `data.mixture_name`
+    (`gr_jax.data.pipeline.train_batches`)."""
+    from gr_jax.data import pipeline  # TensorFlow: only for runs that train
+    return pipeline.train_batches(
+        mixture_or_task_name=data.mixture_name, batch_size=batch_size, input_length=data.input_length,
+        target_length=data.target_length, seed=seed, start_batch=start_batch, shard_index=shard_index,
+        num_shards=num_shards)
 
 
 def vocabulary_file(data: RunData) -> pathlib.Path:
@@ -97,6 +113,10 @@ class DatasetConfig:
         from gr_jax import tasks
         return tasks.mixture_name(name=self.name, row=self.row, docid_scheme=self.docid_scheme)
 
+    def train_batches(self, *, docid_space: Optional[DocidSpace], **kwargs) -> Iterator[dict]:
+        del docid_space  # the registered tasks hold it
+        return seqio_train_batches(self, **kwargs)
+
 
 @dataclasses.dataclass(frozen=True)
 class Doc2QueryData:
@@ -123,6 +143,10 @@ class Doc2QueryData:
     def mixture_name(self) -> str:
         from gr_jax.tasks import doc2query
         return doc2query.doc2query_task_name(name=self.name)
+
+    def train_batches(self, *, docid_space: Optional[DocidSpace], **kwargs) -> Iterator[dict]:
+        del docid_space
+        return seqio_train_batches(self, **kwargs)
 
 
 def build_model(*, config: network.T5Config, model_vocab_size: int, loss: losses.Loss = losses.TokenCrossEntropy(),
@@ -296,12 +320,9 @@ class Built(BuiltRun):
         return state
 
     def train_batches(self, *, start_batch: int) -> Iterator[dict]:
-        """This process's share of the training batches from `start_batch` on (`gr_jax.data.pipeline`)."""
-        from gr_jax.data import pipeline  # TensorFlow: only for runs that train
-        dataset = self.experiment.dataset
-        return pipeline.train_batches(
-            mixture_or_task_name=dataset.mixture_name, batch_size=self.experiment.batch_size,
-            input_length=dataset.input_length, target_length=dataset.target_length, seed=self.experiment.seed,
+        """This process's share of the training batches from `start_batch` on (the dataset's `train_batches`)."""
+        return self.experiment.dataset.train_batches(
+            docid_space=self.docid_space, batch_size=self.experiment.batch_size, seed=self.experiment.seed,
             start_batch=start_batch, shard_index=jax.process_index(), num_shards=jax.process_count())
 
     @property

@@ -5,7 +5,8 @@ target token's logits column and weight) and returns a summed loss with metrics 
 accumulation and multi-device reduction normalise by the true number of target tokens. Losses:
   * `TokenCrossEntropy`: cross entropy of the target tokens plus t5x's z-loss (the default);
   * `ConsistencyRegularised`: an objective over two dropout passes plus NCI's consistency regulariser between them.
-A new objective (SToICaL's soft targets, a contrastive loss) is one new class here and a gin binding.
+A new objective (a contrastive loss) is one new class here and a gin binding; soft targets (SToICaL) come with the
+batch and every cross entropy here reads them.
 
 Everything is computed in float32 from logits (log space); masked logits are the network's finite NEG_INF, so no
 term is inf - inf and padding positions are zeroed by the weights, never by multiplying an inf.
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Optional, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -38,12 +39,17 @@ class Outputs:
     logits: float32[batch, length, columns]; states: the decoder's final states [batch, length, embed];
     columns: int32[batch, length], the logits column of each target token (the head's `target_columns`);
     weights: float32[batch, length]; invalid: bool[batch, length], weighted targets the head cannot score.
+    Soft targets (SToICaL's trie-marginalised y(r, t), `gr_jax.ranking`), when the batch has them:
+    soft_columns int32[batch, length, K] and soft_mass float32[batch, length, K] (summing to 1 at every weighted
+    position); None: the target is one-hot on `columns`.
     """
     logits: Array
     states: Array
     columns: Array
     weights: Array
     invalid: Array
+    soft_columns: Optional[Array] = None
+    soft_mass: Optional[Array] = None
 
 
 class Loss(Protocol):
@@ -65,6 +71,22 @@ def cross_entropy_with_z_loss(logits: Array, targets: Array, *, z_loss: float) -
     target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
     z = z_loss * jnp.square(log_z)
     return log_z - target_logit + z, z
+
+
+def soft_cross_entropy_with_z_loss(logits: Array, columns: Array, mass: Array, *,
+                                   z_loss: float) -> tuple[Array, Array]:
+    """Cross entropy against a soft target plus t5x's z-loss: -sum_k mass_k log p(columns_k) + z_loss log^2 Z.
+
+    logits: float32[..., vocab]; columns int32[..., K] and mass float32[..., K], the target's support and its
+    probabilities (mass 0 on padding slots) -> (total loss [...], z-loss part [...]). One-hot mass on the target
+    column gives `cross_entropy_with_z_loss` exactly.
+    """
+    logits = logits.astype(jnp.float32)
+    log_z = jax.nn.logsumexp(logits, axis=-1)
+    target_logits = jnp.take_along_axis(logits, columns, axis=-1)
+    mass = mass.astype(jnp.float32)
+    z = z_loss * jnp.square(log_z)
+    return log_z * jnp.sum(mass, axis=-1) - jnp.sum(jnp.where(mass > 0, mass * target_logits, 0.0), axis=-1) + z, z
 
 
 def symmetric_kl(logits_a: Array, logits_b: Array) -> Array:
@@ -107,7 +129,9 @@ def contrastive_consistency(states_a: Array, states_b: Array, valid: Array, *, t
 
 @dataclasses.dataclass(frozen=True)
 class TokenCrossEntropy:
-    """Cross entropy of every weighted target token plus t5x's z-loss (`z_loss` = 1e-4, t5x's default).
+    """Cross entropy of every weighted target token plus t5x's z-loss (`z_loss` = 1e-4, t5x's default): against
+    the one-hot target column, or against the batch's soft targets where it has them (SToICaL's y(r, t)). A weight
+    other than 1 scales a token's term (SToICaL's item weight lambda(r)); the trainer divides by the summed weight.
 
     Metrics (sums): loss, z_loss, weight (target tokens), correct_tokens, correct_sequences (every weighted token
     right: exact match of the docid), num_sequences. A weighted invalid target makes the loss NaN.
@@ -117,7 +141,11 @@ class TokenCrossEntropy:
 
     def __call__(self, passes: Sequence[Outputs]) -> tuple[Array, dict[str, Array]]:
         (out,) = passes
-        token_loss, z = cross_entropy_with_z_loss(out.logits, out.columns, z_loss=self.z_loss)
+        if out.soft_columns is None:
+            token_loss, z = cross_entropy_with_z_loss(out.logits, out.columns, z_loss=self.z_loss)
+        else:
+            token_loss, z = soft_cross_entropy_with_z_loss(out.logits, out.soft_columns, out.soft_mass,
+                                                           z_loss=self.z_loss)
         token_loss = jnp.where(out.invalid, jnp.nan, token_loss)
         weights = out.weights
         correct = (jnp.argmax(out.logits, axis=-1) == out.columns).astype(jnp.float32)

@@ -3,7 +3,9 @@
 The trainer and retrievers talk only to this class: `loss_fn` for training, `score_batch` for teacher-forced
 log-likelihoods, `predict_batch` for ranked docid sequences (beam search, or the head's own ranking). Batches are
 dicts of int32 arrays with seqio's EncDecFeatureConverter names: encoder_input_tokens [batch, src_len],
-decoder_input_tokens / decoder_target_tokens / decoder_loss_weights [batch, tgt_len].
+decoder_input_tokens / decoder_target_tokens / decoder_loss_weights [batch, tgt_len]; a ranked-list batch
+(`gr_jax.ranking.data`) adds soft targets, decoder_soft_target_tokens int32 / decoder_soft_target_mass float32
+[batch, tgt_len, K], and its decoder_loss_weights carry each example's item weight.
 
 What depends on the output layer (which logits column scores a target token, how a batch is ranked) is the head's
 (`gr_jax.heads`); what the training objective is, the loss's (`gr_jax.losses`).
@@ -23,6 +25,10 @@ from gr_jax.docids.trie import Trie
 
 Array = jax.Array
 Batch = Mapping[str, Array]
+
+# Optional batch features: each target position's soft target (support tokens and their probabilities).
+SOFT_TARGET_TOKENS = "decoder_soft_target_tokens"
+SOFT_TARGET_MASS = "decoder_soft_target_mass"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,8 +57,16 @@ class EncoderDecoderModel:
         logits, states = self.module.apply({"params": params}, batch["encoder_input_tokens"],
                                            batch["decoder_input_tokens"], enable_dropout=dropout_rng is not None,
                                            return_states=True, rngs=rngs)
-        columns, weights, invalid = self._columns_and_weights(batch, length=logits.shape[1])
-        return losses.Outputs(logits=logits, states=states, columns=columns, weights=weights, invalid=invalid)
+        length = logits.shape[1]
+        columns, weights, invalid = self._columns_and_weights(batch, length=length)
+        soft_columns = soft_mass = None
+        if SOFT_TARGET_TOKENS in batch:
+            soft_mass = batch[SOFT_TARGET_MASS][:, :length].astype(jnp.float32)
+            soft_columns, soft_invalid = self.config.head.target_columns(
+                self.config, batch[SOFT_TARGET_TOKENS][:, :length], soft_mass)
+            invalid = invalid | (jnp.any(soft_invalid, axis=-1) & (weights > 0))
+        return losses.Outputs(logits=logits, states=states, columns=columns, weights=weights, invalid=invalid,
+                              soft_columns=soft_columns, soft_mass=soft_mass)
 
     def loss_fn(self, params, batch: Batch, dropout_rng: Optional[Array]) -> tuple[Array, dict]:
         """Returns (summed loss, metrics of sums): `loss.num_passes` passes with independent dropout keys, or one

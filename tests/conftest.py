@@ -54,6 +54,12 @@ def fixtures_dir() -> pathlib.Path:
     return FIXTURES
 
 
+@pytest.fixture
+def wordnet_dir() -> pathlib.Path:
+    """WordNet dict files of a few noun.food synsets (data.noun, index.noun)."""
+    return FIXTURES / "wordnet"
+
+
 @pytest.fixture(scope="session")
 def spm_data_dir(tmp_path_factory) -> pathlib.Path:
     """The `tasks` fixture with a 320-piece SentencePiece model of its texts: what T5 towers and GDR runs read."""

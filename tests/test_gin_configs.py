@@ -122,3 +122,21 @@ def test_gdr_gins_bind_a_gdr_experiment_through_the_experiment_macro(gin_files, 
     assert check(experiment)
     eval_config = gin.query_parameter("training.train.eval_config").scoped_configurable_fn()
     assert (eval_config.num_beams, eval_config.depth) == (10, 100)  # 10 clusters recalled, 100 documents ranked
+
+
+@pytest.mark.parametrize("extra, weights, targets", [
+    ([], "TopOne()", None),
+    (["ranking/fractional.gin"], "Fractional(alpha=2.0)", None),
+    (["ranking/stepwise.gin"], "Stepwise()", None),
+    (["ranking/trie.gin"], "TopOne()", "TrieTargets(beta=2.0, from_rank=False, max_children=24)"),
+    (["ranking/combined.gin"], "Fractional(alpha=2.0)", "TrieTargets(beta=2.0, from_rank=True, max_children=24)"),
+])
+def test_ranking_gins_train_a_generative_experiment_on_ranked_lists(extra, weights, targets):
+    from gr_jax.ranking.data import RankedListData
+    gin_utils.parse_gin(gin_files=["experiments/study_cpu.gin", "ranking/ranked_lists.gin", *extra],
+                        bindings=["MODEL_DIR = '/tmp/unused'", "DATA_DIR = '/tmp/data'"])
+    experiment = gin.query_parameter("%EXPERIMENT").scoped_configurable_fn()
+    data = experiment.dataset
+    assert isinstance(data, RankedListData) and data.data_dir == "/tmp/data" and data.input_length == 64
+    assert repr(data.item_weights) == weights and repr(data.token_targets) == str(targets)
+    assert (data.run_file, data.depth, data.indexing) == (None, None, False)

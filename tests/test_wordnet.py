@@ -14,10 +14,6 @@ SYSTEM_WORDNET = pathlib.Path("/usr/share/wordnet")
 FOOD = ("07555863", "07697825", "07843775", "07850329", "07852919", "07899999")  # Fixture noun.food synsets.
 
 
-@pytest.fixture
-def wordnet_dir(fixtures_dir) -> pathlib.Path:
-    return fixtures_dir / "wordnet"
-
 
 def _dataset_rows(out_dir: pathlib.Path) -> dict:
     dataset = readers.open_dataset(out_dir)

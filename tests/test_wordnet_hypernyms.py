@@ -7,10 +7,6 @@ from gr_jax.data.readers import DataFormatError, open_dataset
 from gr_jax.tools import wordnet, wordnet_hypernyms
 
 
-@pytest.fixture
-def wordnet_dir(fixtures_dir):
-    return fixtures_dir / "wordnet"
-
 
 def test_synset_names_follow_the_sense_order_of_index_noun(wordnet_dir):
     synsets = wordnet.read_noun_synsets(wordnet_dir)

@@ -30,9 +30,9 @@ import numpy as np
 
 from gr_jax.data.readers import DataFormatError, write_tsv
 from gr_jax.entry_point import run_tool
+from gr_jax.ranking.evaluation import NEGATIVES
 from gr_jax.tools import wordnet
 
-NEGATIVES = "negatives.{split}.tsv"
 
 
 def read_sense_names(wordnet_dir: str | pathlib.Path, synsets: Mapping[str, wordnet.Synset]) -> dict[str, str]:

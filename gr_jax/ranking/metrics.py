@@ -48,7 +48,8 @@ def ndcg(scores, valid) -> float:
     n = valid.sum(axis=1)
     width = scores.shape[1]
     columns = np.arange(width)
-    gains = np.where(columns[None, :-1] < n[:, None], np.log(n[:, None] + 1 - columns[None, :-1]), 0.0)
+    gold = columns[None, :-1] < n[:, None]
+    gains = np.where(gold, np.log(np.where(gold, n[:, None] + 1 - columns[None, :-1], 1)), 0.0)
     gains = np.concatenate([gains, np.zeros((len(scores), 1))], axis=1)  # the negative
     discounts = 1.0 / np.log2(np.arange(2, width + 2))
     order = _predicted_order(scores, valid)

@@ -25,20 +25,16 @@ import pathlib
 from collections.abc import Sequence
 from typing import Any, Literal, Optional
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-import tqdm
 
-from gr_jax import partitioning
 from gr_jax.actions import Action
+from gr_jax.candidates import CandidateScorer, TokenReduction
 from gr_jax.data.readers import open_dataset
 from gr_jax.vocabulary import encode_inputs
 
 logger = logging.getLogger(__name__)
 
 Reduction = Literal["min", "mean"]
-TokenReduction = Literal["mean", "sum"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,47 +96,20 @@ def sample_negatives(*, num_documents: int, positives: Sequence[np.ndarray], num
 
 
 class CglScorer:
-    """L(q, I) of candidate identifiers with one compiled, sharded function (see the module docstring).
+    """L(q, I) of candidate identifiers with one compiled, sharded function (`gr_jax.candidates`).
 
     built: a generative run (`gr_jax.experiment.Built`) with a docid space."""
 
     def __init__(self, built: Any, *, config: CglConfig = CglConfig()):
-        if getattr(built, "docid_space", None) is None:
-            raise ValueError("CGL scores docid sequences: the run needs a generative model with a docid space")
         self.built = built
         self.config = config
-        self.table = built.docid_space.table
-        trainer = built.trainer
-        self.batch_size = partitioning.data_axis_multiple(config.batch_size, trainer.mesh)
-        model, token_mean = built.model, config.token_reduction == "mean"
-
-        def losses(params, tokens, candidates):
-            log_likelihood, positions = model.score_candidates(params, tokens, candidates)
-            return -log_likelihood / positions if token_mean else -log_likelihood
-
-        batch_sharding = partitioning.batch_sharding(trainer.mesh)
-        self._losses = jax.jit(losses, in_shardings=(trainer.state_shardings.params, batch_sharding, batch_sharding),
-                               out_shardings=batch_sharding)
-        self._batch_sharding = batch_sharding
+        self._scorer = CandidateScorer(built, batch_size=config.batch_size, token_reduction=config.token_reduction)
+        self.table = self._scorer.table
 
     def candidate_losses(self, params, tokens: np.ndarray, rows: np.ndarray, *,
                          show_progress: bool = False) -> np.ndarray:
-        """L(q, I) float32[Q, C] of docid-table rows int64[Q, C] (-1: padding, scored as the first row and to be
-        masked by the caller) for query tokens int32[Q, input_length]."""
-        candidates = self.table.tokens[np.maximum(rows, 0)].astype(np.int32)  # [Q, C, T]
-        trainer = self.built.trainer
-        out = []
-        put = lambda x: jax.device_put(x, self._batch_sharding)  # noqa: E731
-        with partitioning.partitioning_context(mesh=trainer.mesh, rules=trainer.rules):
-            chunks = zip(partitioning.padded_batches(tokens, self.batch_size),
-                         partitioning.padded_batches(candidates, self.batch_size))
-            for (query_chunk, real), (candidate_chunk, _) in tqdm.tqdm(
-                    chunks, total=-(-len(tokens) // self.batch_size), desc="CGL", unit="batch", leave=False,
-                    disable=not show_progress):
-                out.append(np.asarray(jax.device_get(self._losses(params, put(query_chunk),
-                                                                  put(candidate_chunk))))[:real])
-        width = rows.shape[1]
-        return np.concatenate(out) if out else np.zeros((0, width), np.float32)
+        """L(q, I) float32[Q, C] of docid-table rows int64[Q, C] (-1: padding, to be masked by the caller)."""
+        return self._scorer.losses(params, tokens, rows, show_progress=show_progress, desc="CGL")
 
     def measure(self, params, *, split: str, show_progress: bool = False) -> dict[str, Any]:
         """CGL of `split` with `params`: the mean, its parts and the settings (JSON-ready)."""

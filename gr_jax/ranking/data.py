@@ -1,0 +1,246 @@
+"""Ranked-list training data (SToICaL, Rozonoyer et al. Eq. 11): each query's ranked docids d_1 > ... > d_n become
+weighted examples (query, d_r) with item weight lambda(r) and, optionally, trie-marginalised soft token targets.
+
+Where the ranked lists come from (`ranked_lists`):
+  * graded qrels of the training split: the judged documents (grade > 0) by grade, highest first, ties in the
+    qrels file's order (TREC DL's graded qrels; the WordNet hypernym task writes grade n_q - r + 1);
+  * plus a teacher's TREC run (`run_file`: BM25's, the dense retriever's): after the judged documents, the run's
+    other documents in its order, `depth` documents in all (`depth` also cuts lists from qrels alone).
+A judged or ranked docid that is not in the docid space is an error naming the file.
+
+Examples (`ranked_list_examples`, built once per run on the host): one per (query, d_r) with lambda(r) > 0 (the
+item weights of `gr_jax.ranking.targets`: `TopOne` keeps only d_1, which is today's next-token training), plus,
+with `indexing`, each document's own text (FirstP: its first input_length - 1 tokens) -> its docid with weight 1,
+as the study's indexing examples. With `token_targets` (`TrieTargets`), every ranked example also carries y(r, t)
+as [target_length, K] arrays (`trie_targets`); indexing examples and TopOne's single docid get one-hot rows.
+
+Batches are a pure function of (seed, batch index), as the dense and GDR batch sources (`SeededEpochs`): resuming at
+any step costs nothing. Features: encoder_input_tokens int32[b, input_length]; decoder_target_tokens and
+decoder_input_tokens int32[b, target_length] (targets shifted right, start 0, as seqio's EncDecFeatureConverter);
+decoder_loss_weights float32[b, target_length] = lambda(r) on the docid's tokens (EOS included), 0 on padding;
+with soft targets decoder_soft_target_tokens int32 / decoder_soft_target_mass float32 [b, target_length, K].
+
+Batch reduction: the trainer divides the summed loss by the summed weights, so a batch's loss is
+sum_i lambda_i sum_t CE_it / sum_i lambda_i |d_i| (Eq. 14's normalisation by the summed lambda, per token as the
+study's training); the paper leaves it open.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterator
+from typing import Optional, Protocol
+
+import numpy as np
+
+from gr_jax.data.readers import DataFormatError, RetrievalDataset, open_dataset
+from gr_jax.docids import DocidSpace
+from gr_jax.models import SOFT_TARGET_MASS, SOFT_TARGET_TOKENS
+from gr_jax.ranking.targets import TopOne, trie_targets
+from gr_jax.vocabulary import PAD_ID, encode_and_count_cut, load_vocabulary
+
+logger = logging.getLogger(__name__)
+
+
+class ItemWeights(Protocol):
+    """lambda(r): float32 weights of 1-based ranks int[n] in lists of lengths int[n] (`gr_jax.ranking.targets`)."""
+
+    def __call__(self, ranks: np.ndarray, list_lengths: np.ndarray) -> np.ndarray: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class TrieTargets:
+    """Token-level targets y(r, t) over the trie of the query's ranked docids, mu(r) = 1 / r^beta (Sec. 4.3);
+    `from_rank`: the trie of d_r, ..., d_n only (the combined variant of App. D, with `Fractional(2)`).
+    max_children: K, the most children of one prefix (more is an error)."""
+    beta: float = 2.0
+    from_rank: bool = False
+    max_children: int = 16
+
+    def __post_init__(self):
+        if not self.beta >= 0 or self.max_children < 1:
+            raise ValueError(f"TrieTargets needs beta >= 0 and max_children >= 1, got {self.beta}, "
+                             f"{self.max_children}")
+
+
+def ranked_lists(dataset: RetrievalDataset, *, split: str, run_file: Optional[str] = None,
+                 depth: Optional[int] = None) -> dict[str, list[str]]:
+    """qid -> docids best first (see the module docstring), for every query of `split` with at least one."""
+    if depth is not None and depth < 1:
+        raise ValueError(f"depth must be >= 1, got {depth}")
+    qrels = dataset.qrels(split)
+    run = {}
+    if run_file is not None:
+        from gr_jax.evaluation import read_trec_run
+        run = read_trec_run(run_file)
+    lists = {}
+    for qid, _ in dataset.queries(split):
+        judged = [(docid, grade) for docid, grade in qrels.get(qid, {}).items() if grade > 0]
+        docids = [docid for docid, _ in sorted(judged, key=lambda item: -item[1])]  # stable: file order in ties
+        seen = set(docids)
+        docids += [docid for docid, _ in run.get(qid, []) if docid not in seen]
+        if depth is not None:
+            docids = docids[:depth]
+        if docids:
+            lists[qid] = docids
+    return lists
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Examples:
+    """inputs int32[N, input_length]; targets int32[N, target_length]; weights float32[N] (lambda);
+    soft_tokens int32[N, target_length, K] and soft_mass float32[N, target_length, K], or None (one-hot)."""
+    inputs: np.ndarray
+    targets: np.ndarray
+    weights: np.ndarray
+    soft_tokens: Optional[np.ndarray] = None
+    soft_mass: Optional[np.ndarray] = None
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+
+def _one_hot_rows(targets: np.ndarray, max_children: int) -> tuple[np.ndarray, np.ndarray]:
+    """Soft-target arrays that put all mass on the target token: [N, T, K] tokens and mass."""
+    tokens = np.zeros(targets.shape + (max_children,), np.int32)
+    mass = np.zeros(targets.shape + (max_children,), np.float32)
+    tokens[..., 0] = targets
+    mass[..., 0] = targets != PAD_ID
+    return tokens, mass
+
+
+def ranked_list_examples(*, data: "RankedListData", docid_space: DocidSpace, vocabulary) -> Examples:
+    """The examples of `data` (see the module docstring)."""
+    dataset = open_dataset(data.data_dir)
+    table = docid_space.table
+    table.check_fits(data.target_length)
+    lists = ranked_lists(dataset, split=data.train_split, run_file=data.run_file, depth=data.depth)
+    if not lists:
+        raise ValueError(f"{data.data_dir}: no query of split {data.train_split!r} has a ranked document")
+    texts = dict(dataset.queries(data.train_split))
+    width = data.target_length
+    tokens = np.zeros((len(table), width), np.int32)
+    tokens[:, :table.tokens.shape[1]] = table.tokens
+    query_texts, targets, weights, soft_tokens, soft_mass = [], [], [], [], []
+    for qid, docids in lists.items():
+        rows = table.rows_of(docids)
+        if (rows < 0).any():
+            source = data.run_file or f"{data.data_dir}'s qrels.{data.train_split}"
+            raise DataFormatError(f"{source}: query {qid!r} ranks {int((rows < 0).sum())} documents that are not in "
+                                  f"the docid space of {data.data_dir} (e.g. {docids[int(np.argmax(rows < 0))]!r})")
+        n = len(rows)
+        ranks = np.arange(1, n + 1)
+        lam = np.asarray(data.item_weights(ranks, np.full(n, n)), np.float32)
+        for rank in ranks[lam > 0].tolist():
+            query_texts.append(texts[qid])
+            targets.append(tokens[rows[rank - 1]])
+            weights.append(lam[rank - 1])
+            if data.token_targets is not None:
+                spec = data.token_targets
+                y_tokens, y_mass = trie_targets(tokens[rows], rank=rank, beta=spec.beta,
+                                                max_children=spec.max_children, from_rank=spec.from_rank)
+                soft_tokens.append(y_tokens)
+                soft_mass.append(y_mass)
+    inputs, cut = encode_and_count_cut(query_texts, vocabulary=vocabulary, input_length=data.input_length)
+    if cut:
+        raise ValueError(f"{cut} of the {len(query_texts)} training queries of {data.data_dir} are longer than "
+                         f"input_length={data.input_length} - 1 tokens: raise input_length")
+    targets = np.stack(targets)
+    weights = np.asarray(weights, np.float32)
+    if data.indexing:
+        documents = [text for _, text in dataset.collection()]
+        doc_ids = [docid for docid, _ in dataset.collection()]
+        doc_inputs, doc_cut = encode_and_count_cut(documents, vocabulary=vocabulary, input_length=data.input_length)
+        logger.info("indexing examples: %d documents, %d cut to their first %d tokens (FirstP)", len(documents),
+                    doc_cut, data.input_length - 1)
+        inputs = np.concatenate([inputs, doc_inputs])
+        targets = np.concatenate([targets, tokens[table.rows_of(doc_ids)]])
+        weights = np.concatenate([weights, np.ones(len(documents), np.float32)])
+    if data.token_targets is None:
+        return Examples(inputs=inputs, targets=targets, weights=weights)
+    k = data.token_targets.max_children
+    soft_tokens, soft_mass = np.stack(soft_tokens), np.stack(soft_mass)
+    if data.indexing:
+        extra_tokens, extra_mass = _one_hot_rows(targets[len(soft_tokens):], k)
+        soft_tokens, soft_mass = np.concatenate([soft_tokens, extra_tokens]), np.concatenate([soft_mass, extra_mass])
+    return Examples(inputs=inputs, targets=targets, weights=weights, soft_tokens=soft_tokens, soft_mass=soft_mass)
+
+
+class RankedListBatches:
+    """Global batch b of the endless seeded sequence of `examples` (see the module docstring)."""
+
+    def __init__(self, *, examples: Examples, batch_size: int, seed: int):
+        from gr_jax.dense.data import SeededEpochs
+        self.examples = examples
+        self.batch_size = batch_size
+        self._epochs = SeededEpochs(num_examples=len(examples), batch_size=batch_size, seed=seed)
+
+    def batch(self, batch: int, *, shard_index: int = 0, num_shards: int = 1) -> dict[str, np.ndarray]:
+        share = self.batch_size // num_shards
+        rows = self._epochs.indices(batch)[shard_index * share:(shard_index + 1) * share]
+        ex = self.examples
+        targets = ex.targets[rows]
+        out = {"encoder_input_tokens": ex.inputs[rows], "decoder_target_tokens": targets,
+               "decoder_input_tokens": np.pad(targets[:, :-1], ((0, 0), (1, 0))),
+               "decoder_loss_weights": ex.weights[rows, None] * (targets != PAD_ID)}
+        if ex.soft_tokens is not None:
+            out[SOFT_TARGET_TOKENS] = ex.soft_tokens[rows]
+            out[SOFT_TARGET_MASS] = ex.soft_mass[rows]
+        return out
+
+    def batches(self, *, start_batch: int = 0, shard_index: int = 0, num_shards: int = 1,
+                prefetch: int = 2) -> Iterator[dict[str, np.ndarray]]:
+        from gr_jax.dense.data import sharded_batches
+        return sharded_batches(self.batch, batch_size=self.batch_size, start_batch=start_batch,
+                               shard_index=shard_index, num_shards=num_shards, prefetch=prefetch)
+
+
+@dataclasses.dataclass(frozen=True)
+class RankedListData:
+    """A generative run trained on ranked lists (gin: `gin_configs/ranking/ranked_lists.gin`); evaluated as any
+    generative run on `eval_split`'s queries and qrels, with the docids of `docid_scheme`.
+
+    item_weights: lambda(r) (`TopOne()`, `Fractional(alpha)`, `Stepwise()`); token_targets: None (one-hot) or
+    `TrieTargets`; run_file / depth: a teacher's ranking after the judged documents, and the list length;
+    indexing: add every document's own text as an example of its docid."""
+    name: str
+    data_dir: str
+    docid_scheme: str = "naive"
+    item_weights: ItemWeights = TopOne()
+    token_targets: Optional[TrieTargets] = None
+    run_file: Optional[str] = None
+    depth: Optional[int] = None
+    indexing: bool = False
+    train_split: str = "train"
+    eval_split: str = "dev"
+    input_length: int = 64
+    target_length: int = 16
+    vocabulary_path: Optional[str] = None
+
+    def docid_space(self) -> DocidSpace:
+        from gr_jax import tasks
+        return tasks.load_docid_space(data_dir=self.data_dir, docid_scheme=self.docid_scheme,
+                                      input_length=self.input_length, target_length=self.target_length,
+                                      vocabulary_path=self.vocabulary_path)
+
+    def register(self, docid_space: Optional[DocidSpace]) -> list[str]:
+        del docid_space
+        return []  # batches are made on the host
+
+    @property
+    def mixture_name(self) -> str:
+        return f"{self.name}.ranked_lists.{self.docid_scheme}"
+
+    def train_batches(self, *, docid_space: Optional[DocidSpace], batch_size: int, seed: int, start_batch: int,
+                      shard_index: int, num_shards: int) -> Iterator[dict]:
+        from gr_jax.experiment import vocabulary_file
+        examples = ranked_list_examples(data=self, docid_space=docid_space,
+                                        vocabulary=load_vocabulary(vocabulary_file(self)))
+        logger.info("%s: %d ranked-list examples (summed item weight %.1f)", self.mixture_name, len(examples),
+                    float(examples.weights.sum()))
+        return RankedListBatches(examples=examples, batch_size=batch_size, seed=seed).batches(
+            start_batch=start_batch, shard_index=shard_index, num_shards=num_shards)
+
+
+__all__ = ["Examples", "ItemWeights", "RankedListBatches", "RankedListData", "TrieTargets", "ranked_list_examples",
+           "ranked_lists"]

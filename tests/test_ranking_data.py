@@ -1,0 +1,238 @@
+"""Ranked-list training (SToICaL): lists from graded qrels and a teacher run, examples and batches by hand, the soft
+cross entropy against brute force and against the one-hot loss, and a micro run through train and ranking_eval."""
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gr_jax import losses
+from gr_jax import network
+from gr_jax.data.readers import DataFormatError, open_dataset
+from gr_jax.docids import DocidSpace
+from gr_jax.docids.table import DocidTable
+from gr_jax.models import SOFT_TARGET_MASS, SOFT_TARGET_TOKENS, EncoderDecoderModel
+from gr_jax.ranking.data import (RankedListBatches, RankedListData, TrieTargets, ranked_list_examples,
+                                 ranked_lists)
+from gr_jax.ranking.evaluation import ranking_candidates, ranking_metrics
+from gr_jax.ranking.targets import Fractional, Stepwise, TopOne, trie_targets
+from gr_jax.vocabulary import EOS_ID, PAD_ID
+
+LETTERS = {ch: 3 + i for i, ch in enumerate("acdefghinorstquwxy ")}
+WORDS = ["cat", "dog", "cats", "deer", "fish", "fox"]
+
+
+class LetterVocabulary:
+    """One id per letter: what `ranked_list_examples` needs of a SentencePiece vocabulary."""
+
+    def encode(self, text):
+        return [LETTERS[ch] for ch in text]
+
+
+def _write(path, rows):
+    path.write_text("".join("\t".join(map(str, row)) + "\n" for row in rows))
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    d = tmp_path / "animals"
+    d.mkdir()
+    _write(d / "collection.tsv", [(w, f"a {w}") for w in WORDS])
+    _write(d / "queries.train.tsv", [("q1", "query one"), ("q2", "query two")])
+    _write(d / "queries.dev.tsv", [("q3", "query three")])
+    # q1: cat > dog > cats > deer > fish (grades 5..1, listed out of order); q2: fox, then a tie in file order.
+    _write(d / "qrels.train.tsv", [("q1", 0, "deer", 2), ("q1", 0, "cat", 5), ("q1", 0, "fish", 1),
+                                   ("q1", 0, "dog", 4), ("q1", 0, "cats", 3), ("q2", 0, "fox", 3),
+                                   ("q2", 0, "dog", 1), ("q2", 0, "cat", 1), ("q2", 0, "fish", 0)])
+    _write(d / "qrels.dev.tsv", [("q3", 0, "dog", 2), ("q3", 0, "deer", 1)])
+    return d
+
+
+def _space():
+    tokens = np.zeros((len(WORDS), 6), np.int32)
+    for i, word in enumerate(WORDS):
+        tokens[i, :len(word)] = [LETTERS[ch] for ch in word]
+        tokens[i, len(word)] = EOS_ID
+    return DocidSpace.from_table(DocidTable(docids=tuple(WORDS), tokens=tokens), scheme="naive",
+                                 text_vocab_size=32)
+
+
+def test_ranked_lists_from_graded_qrels_and_a_teacher_run(data_dir, tmp_path):
+    dataset = open_dataset(data_dir)
+    assert ranked_lists(dataset, split="train") == {"q1": ["cat", "dog", "cats", "deer", "fish"],
+                                                    "q2": ["fox", "dog", "cat"]}  # grade 0 is not relevant
+    run = tmp_path / "bm25.trec"
+    _write(run, [("q2", "Q0", "deer", 1, 9.0, "t"), ("q2", "Q0", "dog", 2, 8.0, "t"),
+                 ("q2", "Q0", "fish", 3, 7.0, "t"), ("q1", "Q0", "fox", 1, 1.0, "t")])
+    assert ranked_lists(dataset, split="train", run_file=str(run), depth=5) == {
+        "q1": ["cat", "dog", "cats", "deer", "fish"], "q2": ["fox", "dog", "cat", "deer", "fish"]}
+    assert ranked_lists(dataset, split="train", depth=2)["q1"] == ["cat", "dog"]
+
+
+def test_examples_per_item_weight_and_trie_targets(data_dir):
+    space, vocabulary = _space(), LetterVocabulary()
+    make = lambda **kw: ranked_list_examples(  # noqa: E731
+        data=RankedListData(name="t", data_dir=str(data_dir), input_length=12, target_length=8, **kw),
+        docid_space=space, vocabulary=vocabulary)
+    ntp = make()
+    assert len(ntp) == 2 and ntp.soft_tokens is None  # the top document of each query only
+    assert [space.table.lookup(row) for row in ntp.targets] == ["cat", "fox"]
+    assert ntp.inputs[0, :10].tolist() == [LETTERS[ch] for ch in "query one"] + [EOS_ID]
+    fractional = make(item_weights=Fractional(alpha=2))
+    np.testing.assert_allclose(fractional.weights, [1, 1 / 4, 1 / 9, 1 / 16, 1 / 25, 1, 1 / 4, 1 / 9])
+    stepwise = make(item_weights=Stepwise(), indexing=True)
+    np.testing.assert_allclose(stepwise.weights, [1, .8, .6, .4, .2, 1, 2 / 3, 1 / 3] + [1] * 6)
+    assert [space.table.lookup(row) for row in stepwise.targets[8:]] == WORDS  # each document -> its docid
+    assert stepwise.inputs[8, :4].tolist() == [LETTERS[ch] for ch in "a c"] + [LETTERS["a"]]
+    combined = make(item_weights=Fractional(alpha=2), token_targets=TrieTargets(beta=1.0, from_rank=True,
+                                                                                  max_children=4), indexing=True)
+    ranked = np.zeros((5, 8), np.int32)
+    ranked[:, :6] = space.table.tokens[space.table.rows_of(["cat", "dog", "cats", "deer", "fish"])]
+    for rank in range(1, 6):  # query q1's examples: the trie of ranks r..5
+        expected = trie_targets(ranked, rank=rank, beta=1.0, max_children=4, from_rank=True)
+        np.testing.assert_array_equal(combined.soft_tokens[rank - 1], expected[0])
+        np.testing.assert_array_equal(combined.soft_mass[rank - 1], expected[1])
+    # Indexing examples are one-hot on their own docid.
+    assert (combined.soft_mass[8:, :, 0] == (combined.targets[8:] != PAD_ID)).all()
+    assert (combined.soft_tokens[8:, :, 0] == combined.targets[8:]).all() and (combined.soft_mass[8:, :, 1:] == 0).all()
+    with pytest.raises(ValueError, match="max_children=2"):
+        make(item_weights=Fractional(alpha=2), token_targets=TrieTargets(max_children=2))
+
+
+def test_unknown_documents_and_long_queries_are_refused(data_dir):
+    (data_dir / "qrels.train.tsv").write_text("q1\t0\tcow\t1\n")
+    data = RankedListData(name="t", data_dir=str(data_dir), input_length=12, target_length=8)
+    with pytest.raises(DataFormatError, match="'cow'"):
+        ranked_list_examples(data=data, docid_space=_space(), vocabulary=LetterVocabulary())
+    (data_dir / "qrels.train.tsv").write_text("q1\t0\tcat\t1\n")
+    with pytest.raises(ValueError, match="input_length=4"):
+        ranked_list_examples(data=RankedListData(name="t", data_dir=str(data_dir), input_length=4, target_length=8),
+                             docid_space=_space(), vocabulary=LetterVocabulary())
+
+
+def test_batches_are_a_function_of_the_batch_index_and_split_over_hosts(data_dir):
+    examples = ranked_list_examples(
+        data=RankedListData(name="t", data_dir=str(data_dir), input_length=12, target_length=8,
+                            item_weights=Fractional(alpha=1), token_targets=TrieTargets(max_children=4)),
+        docid_space=_space(), vocabulary=LetterVocabulary())
+    source = RankedListBatches(examples=examples, batch_size=4, seed=3)
+    stream = source.batches(start_batch=0)
+    first = [next(stream) for _ in range(5)]
+    resumed = next(source.batches(start_batch=3))
+    for key in first[3]:
+        np.testing.assert_array_equal(first[3][key], resumed[key])
+    halves = [source.batch(3, shard_index=i, num_shards=2) for i in range(2)]
+    for key in first[3]:
+        np.testing.assert_array_equal(np.concatenate([h[key] for h in halves]), first[3][key])
+    batch = first[0]
+    targets = batch["decoder_target_tokens"]
+    assert (batch["decoder_input_tokens"][:, 0] == 0).all()
+    np.testing.assert_array_equal(batch["decoder_input_tokens"][:, 1:], targets[:, :-1])
+    weights = batch["decoder_loss_weights"]
+    assert ((weights > 0) == (targets != PAD_ID)).all()
+    assert all(np.isclose(w, [1, 1 / 2, 1 / 3, 1 / 4, 1 / 5]).any() for w in weights.max(axis=1))  # 1 / r
+    assert batch[SOFT_TARGET_TOKENS].shape == (4, 8, 4)
+    np.testing.assert_allclose(batch[SOFT_TARGET_MASS].sum(-1), (targets != PAD_ID).astype(np.float32), rtol=1e-6)
+
+
+MICRO = network.T5Config(vocab_size=32, emb_dim=16, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
+                         head_dim=8, mlp_dim=32, dropout_rate=0.0)
+
+
+def test_soft_cross_entropy_against_brute_force_and_one_hot():
+    rng = np.random.default_rng(0)
+    logits = jnp.asarray(rng.normal(size=(2, 3, 7)), jnp.float32)
+    columns = jnp.asarray(rng.integers(0, 7, size=(2, 3, 4)), jnp.int32)
+    raw = rng.random((2, 3, 4)) * (rng.random((2, 3, 4)) > 0.3)
+    raw[..., 0] += 0.1
+    mass = raw / raw.sum(-1, keepdims=True)
+    loss, z = losses.soft_cross_entropy_with_z_loss(logits, columns, jnp.asarray(mass, jnp.float32), z_loss=0.01)
+    log_p = np.asarray(jax.nn.log_softmax(logits))
+    expected = -np.sum(mass * np.take_along_axis(log_p, np.asarray(columns), axis=-1), axis=-1)
+    log_z = np.log(np.exp(np.asarray(logits)).sum(-1))
+    np.testing.assert_allclose(loss, expected + 0.01 * log_z ** 2, rtol=1e-5)
+    np.testing.assert_allclose(z, 0.01 * log_z ** 2, rtol=1e-5)
+    targets = columns[..., 0]
+    one_hot = jnp.zeros((2, 3, 4)).at[..., 0].set(1.0)
+    np.testing.assert_allclose(losses.soft_cross_entropy_with_z_loss(logits, columns, one_hot, z_loss=0.01)[0],
+                               losses.cross_entropy_with_z_loss(logits, targets, z_loss=0.01)[0], rtol=1e-6)
+
+
+def test_the_model_loss_reads_soft_targets_and_item_weights():
+    model = EncoderDecoderModel(config=MICRO)
+    rng = np.random.default_rng(1)
+    params = model.init(jax.random.PRNGKey(0), input_length=5, target_length=4)["params"]
+    targets = np.array([[5, 6, EOS_ID, 0], [7, EOS_ID, 0, 0]], np.int32)
+    batch = {"encoder_input_tokens": rng.integers(2, 32, size=(2, 5)).astype(np.int32),
+             "decoder_target_tokens": targets, "decoder_input_tokens": np.pad(targets[:, :-1], ((0, 0), (1, 0))),
+             "decoder_loss_weights": np.array([[1, 1, 1, 0], [.25, .25, 0, 0]], np.float32)}
+    hard, hard_metrics = model.loss_fn(params, batch, None)
+    one_hot = {**batch, SOFT_TARGET_TOKENS: np.stack([targets, np.zeros_like(targets)], -1),
+               SOFT_TARGET_MASS: np.stack([(targets > 0).astype(np.float32), np.zeros(targets.shape, np.float32)], -1)}
+    same, _ = model.loss_fn(params, one_hot, None)
+    np.testing.assert_allclose(same, hard, rtol=1e-6)
+    # Half the mass of the first position moves to token 9: the loss is the weighted soft cross entropy.
+    soft = {k: np.array(v) for k, v in one_hot.items()}
+    soft[SOFT_TARGET_TOKENS][0, 0, 1], soft[SOFT_TARGET_MASS][0, 0] = 9, [0.5, 0.5]
+    value, metrics = model.loss_fn(params, soft, None)
+    logits = model.module.apply({"params": params}, batch["encoder_input_tokens"], batch["decoder_input_tokens"])
+    log_p = np.asarray(jax.nn.log_softmax(logits))
+    per_token = -np.take_along_axis(log_p, targets[..., None], -1)[..., 0]
+    per_token[0, 0] = -0.5 * (log_p[0, 0, 5] + log_p[0, 0, 9])
+    z = 1e-4 * np.log(np.exp(np.asarray(logits, np.float64)).sum(-1)) ** 2
+    np.testing.assert_allclose(value, np.sum((per_token + z) * batch["decoder_loss_weights"]), rtol=1e-5)
+    assert metrics["weight"] == pytest.approx(3.5)
+    grads = jax.grad(lambda p: model.loss_fn(p, soft, None)[0])(params)
+    assert all(np.isfinite(g).all() for g in jax.tree.leaves(grads))
+
+
+def test_ranking_candidates_and_metrics_by_hand(data_dir):
+    dataset = open_dataset(data_dir)
+    table = _space().table
+    _write(data_dir / "negatives.train.tsv", [("q1", "fox"), ("q2", "deer")])
+    candidates = ranking_candidates(dataset, split="train", table=table)
+    assert candidates.texts == ["query one", "query two"]
+    names = [[table.docids[r] if r >= 0 else None for r in row] for row in candidates.rows]
+    assert names == [["cat", "dog", "cats", "deer", "fish", "fox"], ["fox", "dog", "cat", None, None, "deer"]]
+    sampled = ranking_candidates(dataset, split="dev", table=table, seed=0)  # no negatives file: one drawn
+    assert table.docids[sampled.rows[0, -1]] not in ("dog", "deer")
+    (data_dir / "negatives.train.tsv").write_text("q1\tfox\n")
+    with pytest.raises(DataFormatError, match="'q2'"):
+        ranking_candidates(dataset, split="train", table=table)
+    # Scores: q1 ranks its list perfectly and the negative last; q2 puts its negative second.
+    scores = np.array([[5, 4, 3, 2, 1, 0], [3, 1, 0, -9, -9, 2]], np.float64)
+    result = ranking_metrics(scores, candidates.valid, max_k=4)
+    assert result["cvr"] == 0.5 and result["R@1"] == 1.0 and result["R@1_queries"] == 2
+    assert result["R@2"] == pytest.approx((1 + 0.5) / 2) and result["R@4_queries"] == 1
+    gains = np.log([4, 3, 2]) / np.log2([2, 4, 5])  # q2: fox, deer (the negative), dog, cat
+    ideal = np.log([4, 3, 2]) / np.log2([2, 3, 4])
+    assert result["ndcg"] == pytest.approx((1 + gains.sum() / ideal.sum()) / 2)
+
+
+def test_a_micro_run_trains_on_ranked_lists_and_is_ranking_evaluated(wordnet_dir, tmp_path, capsys):
+    import gin
+    from gr_jax import ranking_eval
+    from gr_jax import train as train_main
+    from gr_jax.tools import make_vocab, wordnet_hypernyms
+    data = tmp_path / "hyp"
+    wordnet_hypernyms.main(["--wordnet_dir", str(wordnet_dir), "--out_dir", str(data), "--root", "food.n.02",
+                            "--dev_fraction", "0.5", "--seed", "1", "--in_context"])
+    make_vocab.main(["--data_dir", str(data), "--vocab_size", "320"])
+    model_dir = tmp_path / "run"
+    gin.clear_config()
+    train_main.main(["--gin_file=runs/train.gin", "--gin_file=ranking/ranked_lists.gin",
+                     "--gin_file=ranking/combined.gin", "--gin_file=models/t5_1_1/tiny.gin",
+                     "--gin.TRAIN_STEPS=2", f"--gin.DATA_DIR='{data}'", f"--gin.MODEL_DIR='{model_dir}'",
+                     "--gin.DATASET_NAME='ranked_fixture'", "--gin.INPUT_LENGTH=192", "--gin.TARGET_LENGTH=32",
+                     "--gin.BATCH_SIZE=8", "--gin.network.T5Config.num_encoder_layers=1",
+                     "--gin.network.T5Config.num_decoder_layers=1", "--gin.training.EvalConfig.num_beams=4",
+                     "--gin.training.EvalConfig.batch_size=8"])
+    final = json.loads((model_dir / "final_metrics.json").read_text())
+    assert np.isfinite(final["train/loss"])
+    gin.clear_config()
+    ranking_eval.main(["--gin_file", str(model_dir / "config.gin"), "--gin.RANKING_SPLIT='train'"])
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result == json.loads((model_dir / "ranking.train.2.json").read_text())
+    assert 0 <= result["cvr"] <= 1 and 0 < result["ndcg"] <= 1 and result["step"] == 2
+    assert result["num_queries"] == len(open_dataset(data).qrels("train"))
