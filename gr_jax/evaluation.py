@@ -1,4 +1,4 @@
-"""Retrieval evaluation: MRR@10 / Recall@k over ranked docid lists, and TREC run files.
+"""Retrieval evaluation: MRR@10 / Recall@k / nDCG@10 over ranked docid lists, and TREC run files.
 
 The numbers follow ir-measures / trec_eval definitions (``RR@10``, ``R@k`` with relevance >= 1) so that they are
 comparable with the papers we reproduce (DSI, NCI, GENRE-style generative retrieval, BM25 baselines), with two
@@ -58,11 +58,14 @@ def retrieval_metrics(
     valid_docids: Container[str] | None = None,
     ks: Sequence[int] = DEFAULT_KS,
 ) -> dict[str, float | int]:
-    """MRR@10, Recall@k for each k, and the rate of invalid top-1 docids.
+    """MRR@10, Recall@k for each k, nDCG@10 and the rate of invalid top-1 docids.
 
-    Returns ``{"MRR@10", "Recall@{k}" for k in ks, "num_queries"[, "invalid_docid_rate"]}``:
+    Returns ``{"MRR@10", "Recall@{k}" for k in ks, "nDCG@10", "num_queries"[, "invalid_docid_rate"]}``:
 
     * ``MRR@10``: mean reciprocal rank of the first relevant docid within the top 10 (0 if none).
+    * ``nDCG@10``: trec_eval's ``ndcg_cut.10`` (ir-measures ``nDCG@10``): gain = the qrels grade (graded qrels,
+      e.g. TREC DL's 0-3; grades <= 0 gain nothing), discount 1 / log2(rank + 1), normalised by the ideal ordering
+      of the query's judged grades (0 for a query without a relevant document).
     * ``Recall@k``: |relevant docids in the top k| / |relevant docids| (ir-measures ``R@k``).
     * ``num_queries``: number of qrels queries, the denominator of every mean. Queries that are missing from
       the run, or that have no relevant docid in the qrels, score 0 (as in the study's evaluators); run queries
@@ -83,6 +86,8 @@ def retrieval_metrics(
 
     # hits[i, r]: the docid at rank r (0-based) of query i is relevant. Padding past the ranking is False.
     hits = np.zeros((num_queries, depth), dtype=bool)
+    gains = np.zeros((num_queries, MRR_CUTOFF))
+    ideal_gains = np.zeros((num_queries, MRR_CUTOFF))
     num_relevant = np.zeros((num_queries,), dtype=np.int64)
     top1_valid: list[bool] = []
     for i, qid in enumerate(qids):
@@ -93,7 +98,12 @@ def retrieval_metrics(
             top1_valid.append(ranking[0] in valid_docids)
         top = ranking[:depth]
         for docid in relevant.intersection(top):  # set ops and list.index run in C: fast for 100k queries
-            hits[i, top.index(docid)] = True
+            rank = top.index(docid)
+            hits[i, rank] = True
+            if rank < MRR_CUTOFF:
+                gains[i, rank] = qrels[qid][docid]
+        best = sorted((rel for rel in qrels[qid].values() if rel >= 1), reverse=True)[:MRR_CUTOFF]
+        ideal_gains[i, :len(best)] = best
 
     metrics: dict[str, float | int] = {}
     in_cutoff = hits[:, :MRR_CUTOFF]
@@ -105,6 +115,10 @@ def retrieval_metrics(
     for k in ks:
         recall = cumulative_hits[:, k - 1] / safe_denominator
         metrics[f"Recall@{k}"] = float(recall.mean())
+    discounts = 1.0 / np.log2(np.arange(2, MRR_CUTOFF + 2))
+    ideal = ideal_gains @ discounts
+    metrics[f"nDCG@{MRR_CUTOFF}"] = float(np.mean(np.where(ideal > 0, (gains @ discounts) / np.maximum(ideal, 1e-12),
+                                                           0.0)))
     metrics["num_queries"] = num_queries
     if valid_docids is not None:
         metrics["invalid_docid_rate"] = (

@@ -4,7 +4,7 @@ import math
 import ir_measures
 import numpy as np
 import pytest
-from ir_measures import RR, R
+from ir_measures import RR, R, nDCG
 
 from gr_jax.data.readers import DataFormatError
 from gr_jax.evaluation import (
@@ -42,7 +42,7 @@ def _random_qrels_and_run(seed: int, *, num_queries: int = 60, pool: int = 300):
 @pytest.mark.parametrize("seed", range(5))
 def test_matches_ir_measures_on_random_runs(seed):
     qrels, run = _random_qrels_and_run(seed)
-    measures = [RR @ 10] + [R @ k for k in KS]
+    measures = [RR @ 10, nDCG @ 10] + [R @ k for k in KS]
     reference = ir_measures.calc_aggregate(measures, qrels, {q: dict(r) for q, r in run.items()})
 
     ours_scored = retrieval_metrics(run=run, qrels=qrels, ks=KS)
@@ -50,6 +50,7 @@ def test_matches_ir_measures_on_random_runs(seed):
     assert ours_scored == ours_ranked
     assert ours_scored["num_queries"] == len(qrels)
     assert ours_scored["MRR@10"] == pytest.approx(reference[RR @ 10], abs=1e-12)
+    assert ours_scored["nDCG@10"] == pytest.approx(reference[nDCG @ 10], abs=1e-12)  # graded gains 0..3
     for k in KS:
         assert ours_scored[f"Recall@{k}"] == pytest.approx(reference[R @ k], abs=1e-12)
     # The random data must exercise the metrics (not all zeros / ones).
@@ -86,6 +87,8 @@ def test_hand_computed_example():
             "Recall@5": (1 + 1 / 2 + 0 + 0 + 0) / 5,
             "Recall@10": (1 + 1 + 0 + 0 + 0) / 5,
             "Recall@20": (1 + 1 + 0 + 1 + 0) / 5,
+            # Gains are grades: q2's "c" (grade 2) at rank 6, its ideal order c, b.
+            "nDCG@10": (1 / math.log2(3) + (1 + 2 / math.log2(7)) / (2 + 1 / math.log2(3))) / 5,
             "num_queries": 5,
             # Top-1 outputs of q1, q2, q5: only "x" is invalid.
             "invalid_docid_rate": 1 / 3,

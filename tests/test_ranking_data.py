@@ -9,12 +9,12 @@ import pytest
 
 from gr_jax import losses
 from gr_jax import network
+from gr_jax.data.examples import ExampleBatches
 from gr_jax.data.readers import DataFormatError, open_dataset
 from gr_jax.docids import DocidSpace
 from gr_jax.docids.table import DocidTable
 from gr_jax.models import SOFT_TARGET_MASS, SOFT_TARGET_TOKENS, EncoderDecoderModel
-from gr_jax.ranking.data import (RankedListBatches, RankedListData, TrieTargets, ranked_list_examples,
-                                 ranked_lists)
+from gr_jax.ranking.data import RankedListData, TrieTargets, ranked_list_examples, ranked_lists
 from gr_jax.ranking.evaluation import ranking_candidates, ranking_metrics
 from gr_jax.ranking.targets import Fractional, Stepwise, TopOne, trie_targets
 from gr_jax.vocabulary import EOS_ID, PAD_ID
@@ -116,7 +116,7 @@ def test_batches_are_a_function_of_the_batch_index_and_split_over_hosts(data_dir
         data=RankedListData(name="t", data_dir=str(data_dir), input_length=12, target_length=8,
                             item_weights=Fractional(alpha=1), token_targets=TrieTargets(max_children=4)),
         docid_space=_space(), vocabulary=LetterVocabulary())
-    source = RankedListBatches(examples=examples, batch_size=4, seed=3)
+    source = ExampleBatches(examples=examples, batch_size=4, seed=3)
     stream = source.batches(start_batch=0)
     first = [next(stream) for _ in range(5)]
     resumed = next(source.batches(start_batch=3))

@@ -14,11 +14,8 @@ with `indexing`, each document's own text (FirstP: its first input_length - 1 to
 as the study's indexing examples. With `token_targets` (`TrieTargets`), every ranked example also carries y(r, t)
 as [target_length, K] arrays (`trie_targets`); indexing examples and TopOne's single docid get one-hot rows.
 
-Batches are a pure function of (seed, batch index), as the dense and GDR batch sources (`SeededEpochs`): resuming at
-any step costs nothing. Features: encoder_input_tokens int32[b, input_length]; decoder_target_tokens and
-decoder_input_tokens int32[b, target_length] (targets shifted right, start 0, as seqio's EncDecFeatureConverter);
-decoder_loss_weights float32[b, target_length] = lambda(r) on the docid's tokens (EOS included), 0 on padding;
-with soft targets decoder_soft_target_tokens int32 / decoder_soft_target_mass float32 [b, target_length, K].
+Batches (`gr_jax.data.examples.ExampleBatches`) are a pure function of (seed, batch index): resuming at any step
+costs nothing; decoder_loss_weights carry lambda(r) on the docid's tokens (EOS included).
 
 Batch reduction: the trainer divides the summed loss by the summed weights, so a batch's loss is
 sum_i lambda_i sum_t CE_it / sum_i lambda_i |d_i| (Eq. 14's normalisation by the summed lambda, per token as the
@@ -33,9 +30,9 @@ from typing import Optional, Protocol
 
 import numpy as np
 
+from gr_jax.data.examples import ExampleBatches, Examples
 from gr_jax.data.readers import DataFormatError, RetrievalDataset, open_dataset
 from gr_jax.docids import DocidSpace
-from gr_jax.models import SOFT_TARGET_MASS, SOFT_TARGET_TOKENS
 from gr_jax.ranking.targets import TopOne, trie_targets
 from gr_jax.vocabulary import PAD_ID, encode_and_count_cut, load_vocabulary
 
@@ -84,20 +81,6 @@ def ranked_lists(dataset: RetrievalDataset, *, split: str, run_file: Optional[st
         if docids:
             lists[qid] = docids
     return lists
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class Examples:
-    """inputs int32[N, input_length]; targets int32[N, target_length]; weights float32[N] (lambda);
-    soft_tokens int32[N, target_length, K] and soft_mass float32[N, target_length, K], or None (one-hot)."""
-    inputs: np.ndarray
-    targets: np.ndarray
-    weights: np.ndarray
-    soft_tokens: Optional[np.ndarray] = None
-    soft_mass: Optional[np.ndarray] = None
-
-    def __len__(self) -> int:
-        return len(self.inputs)
 
 
 def _one_hot_rows(targets: np.ndarray, max_children: int) -> tuple[np.ndarray, np.ndarray]:
@@ -166,35 +149,6 @@ def ranked_list_examples(*, data: "RankedListData", docid_space: DocidSpace, voc
     return Examples(inputs=inputs, targets=targets, weights=weights, soft_tokens=soft_tokens, soft_mass=soft_mass)
 
 
-class RankedListBatches:
-    """Global batch b of the endless seeded sequence of `examples` (see the module docstring)."""
-
-    def __init__(self, *, examples: Examples, batch_size: int, seed: int):
-        from gr_jax.dense.data import SeededEpochs
-        self.examples = examples
-        self.batch_size = batch_size
-        self._epochs = SeededEpochs(num_examples=len(examples), batch_size=batch_size, seed=seed)
-
-    def batch(self, batch: int, *, shard_index: int = 0, num_shards: int = 1) -> dict[str, np.ndarray]:
-        share = self.batch_size // num_shards
-        rows = self._epochs.indices(batch)[shard_index * share:(shard_index + 1) * share]
-        ex = self.examples
-        targets = ex.targets[rows]
-        out = {"encoder_input_tokens": ex.inputs[rows], "decoder_target_tokens": targets,
-               "decoder_input_tokens": np.pad(targets[:, :-1], ((0, 0), (1, 0))),
-               "decoder_loss_weights": ex.weights[rows, None] * (targets != PAD_ID)}
-        if ex.soft_tokens is not None:
-            out[SOFT_TARGET_TOKENS] = ex.soft_tokens[rows]
-            out[SOFT_TARGET_MASS] = ex.soft_mass[rows]
-        return out
-
-    def batches(self, *, start_batch: int = 0, shard_index: int = 0, num_shards: int = 1,
-                prefetch: int = 2) -> Iterator[dict[str, np.ndarray]]:
-        from gr_jax.dense.data import sharded_batches
-        return sharded_batches(self.batch, batch_size=self.batch_size, start_batch=start_batch,
-                               shard_index=shard_index, num_shards=num_shards, prefetch=prefetch)
-
-
 @dataclasses.dataclass(frozen=True)
 class RankedListData:
     """A generative run trained on ranked lists (gin: `gin_configs/ranking/ranked_lists.gin`); evaluated as any
@@ -238,9 +192,9 @@ class RankedListData:
                                         vocabulary=load_vocabulary(vocabulary_file(self)))
         logger.info("%s: %d ranked-list examples (summed item weight %.1f)", self.mixture_name, len(examples),
                     float(examples.weights.sum()))
-        return RankedListBatches(examples=examples, batch_size=batch_size, seed=seed).batches(
+        return ExampleBatches(examples=examples, batch_size=batch_size, seed=seed).batches(
             start_batch=start_batch, shard_index=shard_index, num_shards=num_shards)
 
 
-__all__ = ["Examples", "ItemWeights", "RankedListBatches", "RankedListData", "TrieTargets", "ranked_list_examples",
+__all__ = ["ItemWeights", "RankedListData", "TrieTargets", "ranked_list_examples",
            "ranked_lists"]

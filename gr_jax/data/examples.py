@@ -1,0 +1,65 @@
+"""Training examples made on the host as arrays, and their batches for the trainer.
+
+Why not seqio: these examples carry what seqio's EncDecFeatureConverter drops (per-example loss weights, soft targets
+of shape [target_length, K]) or are sampled from structures of their own (ranked lists, document spans). Batches are
+a pure function of (seed, batch index) (`gr_jax.dense.data.SeededEpochs`): resuming at any step costs nothing, and
+every host computes the same global batch and keeps its own rows.
+
+Features: encoder_input_tokens int32[b, input_length]; decoder_target_tokens and decoder_input_tokens
+int32[b, target_length] (targets shifted right, start 0, as seqio's EncDecFeatureConverter); decoder_loss_weights
+float32[b, target_length] = the example's weight on its target tokens (EOS included), 0 on padding; with soft
+targets, decoder_soft_target_tokens int32 / decoder_soft_target_mass float32 [b, target_length, K]
+(`gr_jax.models`).
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import Optional
+
+import numpy as np
+
+from gr_jax.dense.data import SeededEpochs, sharded_batches
+from gr_jax.models import SOFT_TARGET_MASS, SOFT_TARGET_TOKENS
+from gr_jax.vocabulary import PAD_ID
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Examples:
+    """inputs int32[N, input_length]; targets int32[N, target_length]; weights float32[N] (each example's loss weight);
+    soft_tokens int32[N, target_length, K] and soft_mass float32[N, target_length, K], or None (one-hot)."""
+    inputs: np.ndarray
+    targets: np.ndarray
+    weights: np.ndarray
+    soft_tokens: Optional[np.ndarray] = None
+    soft_mass: Optional[np.ndarray] = None
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+
+class ExampleBatches:
+    """Global batch b of the endless seeded sequence of `examples` (see the module docstring)."""
+
+    def __init__(self, *, examples: Examples, batch_size: int, seed: int):
+        self.examples = examples
+        self.batch_size = batch_size
+        self._epochs = SeededEpochs(num_examples=len(examples), batch_size=batch_size, seed=seed)
+
+    def batch(self, batch: int, *, shard_index: int = 0, num_shards: int = 1) -> dict[str, np.ndarray]:
+        share = self.batch_size // num_shards
+        rows = self._epochs.indices(batch)[shard_index * share:(shard_index + 1) * share]
+        ex = self.examples
+        targets = ex.targets[rows]
+        out = {"encoder_input_tokens": ex.inputs[rows], "decoder_target_tokens": targets,
+               "decoder_input_tokens": np.pad(targets[:, :-1], ((0, 0), (1, 0))),
+               "decoder_loss_weights": ex.weights[rows, None] * (targets != PAD_ID)}
+        if ex.soft_tokens is not None:
+            out[SOFT_TARGET_TOKENS] = ex.soft_tokens[rows]
+            out[SOFT_TARGET_MASS] = ex.soft_mass[rows]
+        return out
+
+    def batches(self, *, start_batch: int = 0, shard_index: int = 0, num_shards: int = 1,
+                prefetch: int = 2) -> Iterator[dict[str, np.ndarray]]:
+        return sharded_batches(self.batch, batch_size=self.batch_size, start_batch=start_batch,
+                               shard_index=shard_index, num_shards=num_shards, prefetch=prefetch)
