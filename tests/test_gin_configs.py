@@ -140,3 +140,16 @@ def test_ranking_gins_train_a_generative_experiment_on_ranked_lists(extra, weigh
     assert isinstance(data, RankedListData) and data.data_dir == "/tmp/data" and data.input_length == 64
     assert repr(data.item_weights) == weights and repr(data.token_targets) == str(targets)
     assert (data.run_file, data.depth, data.indexing) == (None, None, False)
+
+
+def test_ngram_gin_binds_an_ngram_experiment():
+    from gr_jax.ngrams.experiment import NgramData, NgramExperiment
+    gin_utils.parse_gin(gin_files=["experiments/study_cpu.gin", "ngrams/train.gin"],
+                        bindings=["MODEL_DIR = '/tmp/unused'", "DATA_DIR = '/tmp/data'"])
+    experiment = gin.query_parameter("%EXPERIMENT").scoped_configurable_fn()
+    assert isinstance(experiment, NgramExperiment) and isinstance(experiment.dataset, NgramData)
+    data = experiment.dataset
+    assert (data.width, data.num_spans, data.indexing, data.target_length) == (10, 10, True, 32)
+    assert experiment.network_config.emb_dim == 256 and experiment.batch_size == 32  # study_cpu's tiny
+    eval_config = gin.query_parameter("training.train.eval_config").scoped_configurable_fn()
+    assert (eval_config.num_beams, eval_config.depth) == (20, 100)  # 20 spans generated, 100 documents ranked

@@ -30,8 +30,7 @@ class FakeRunner:
             model_dir = pathlib.Path(shlex.split(bindings["MODEL_DIR"])[0])
             model_dir.mkdir(parents=True)
             (model_dir / "config.gin").write_text("")
-            (model_dir / "final_metrics.json").write_text(json.dumps({"eval/dev/nDCG@10": 0.5,
-                                                                      "eval/dev/MRR@10": 0.25}))
+            (model_dir / "final_metrics.json").write_text(json.dumps({"eval/nDCG@10": 0.5, "eval/MRR@10": 0.25}))
         else:
             model_dir = pathlib.Path(argv[3].split("=", 1)[1]).parent
             split = shlex.split(bindings["RANKING_SPLIT"])[0]

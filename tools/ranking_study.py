@@ -6,8 +6,8 @@
 
 1. Each variant (`VARIANTS`: its gin files under `gin_configs/ranking/` and bindings) is one `python -m gr_jax.train`
    process on `experiments/study_cpu.gin` + `ranking/ranked_lists.gin` + the size gin, into `{out_dir}/{variant}/`,
-   skipped when its `final_metrics.json` exists (the run ends with its beam-search retrieval metrics, nDCG@10 with
-   the graded qrels among them).
+   skipped when its `final_metrics.json` exists (the run ends with its beam-search retrieval metrics on dev, nDCG@10
+   with the graded qrels among them).
 2. `python -m gr_jax.ranking_eval` per variant and split (cached as the run's `ranking.{split}.{step}.json`): CVR,
    nDCG with log gold gains and the set-overlap R@1..R@5 over each query's gold list and its negative.
 3. The lookup-table dual encoder (Eq. 13) and MLP cross encoder (Eq. 14) at each `--baseline_dims` size, trained
@@ -142,7 +142,7 @@ class RankingStudy:
 
     def run(self) -> dict[str, Any]:
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        results = {"data_dir": self.data_dir, "size": self.size, "steps": self.steps,
+        results = {"data_dir": self.data_dir, "size": self.size, "steps": self.steps, "eval_split": "dev",
                    "variants": [self.run_variant(v) for v in self.variants]}
         cached = self.out_dir / "baselines.json"
         settings = {"dims": list(self.baseline_dims), "steps": self.baseline_steps, "batch": self.baseline_batch,
@@ -192,8 +192,8 @@ def report(results: dict[str, Any], *, splits: Sequence[str]) -> str:
             if v["status"] != "done" or split not in v["ranking"]:
                 continue
             r, retrieval = v["ranking"][split], v["retrieval"]
-            beam = (f"{_fmt(retrieval.get(f'eval/{split}/nDCG@10'))} | {_fmt(retrieval.get(f'eval/{split}/MRR@10'))}"
-                    if split == "dev" else "- | -")
+            beam = (f"{_fmt(retrieval.get('eval/nDCG@10'))} | {_fmt(retrieval.get('eval/MRR@10'))}"
+                    if split == results["eval_split"] else "- | -")
             lines.append(f"| {v['label']} | {_fmt(r['cvr'])} | {_fmt(r['ndcg'])} | "
                          + " | ".join(_fmt(r[f"R@{k}"]) for k in range(1, MAX_K + 1)) + f" | {beam} |")
         for b in results["baselines"]:
