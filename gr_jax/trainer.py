@@ -55,7 +55,9 @@ class Trainer:
 
     Batches are global int32 arrays [batch_size, length] (seqio EncDecFeatureConverter features) split over the
     'data' mesh axis. With `num_microbatches > 1`, gradients are accumulated over equal slices of the batch and
-    normalised by the total number of target tokens, so the update equals the single-batch one.
+    normalised by the total number of target tokens (the summed loss weights), so without dropout the update equals
+    the single-batch one. With dropout it cannot: microbatch i draws its masks from fold_in(step key, i), so the
+    masks differ from the single batch's (same distribution, another draw).
     """
 
     def __init__(self, *, model: EncoderDecoderModel, optimizer: optax.GradientTransformation, mesh: Mesh,
