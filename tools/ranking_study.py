@@ -147,11 +147,13 @@ class RankingStudy:
         cached = self.out_dir / "baselines.json"
         settings = {"dims": list(self.baseline_dims), "steps": self.baseline_steps, "batch": self.baseline_batch,
                     "splits": list(self.splits)}
-        previous = json.loads(cached.read_text()) if cached.is_file() else None
-        if previous is None or previous.get("settings") != settings:
-            previous = {"settings": settings, "rows": self.baselines() if self.baseline_dims else []}
-            cached.write_text(json.dumps(previous, indent=1))
-        results["baselines"] = previous["rows"]
+        results["baselines"] = []
+        if self.baseline_dims:  # none asked for: the cache of another invocation is left as it is
+            previous = json.loads(cached.read_text()) if cached.is_file() else None
+            if previous is None or previous.get("settings") != settings:
+                previous = {"settings": settings, "rows": self.baselines()}
+                cached.write_text(json.dumps(previous, indent=1))
+            results["baselines"] = previous["rows"]
         (self.out_dir / "ranking_study.json").write_text(json.dumps(results, indent=1))
         (self.out_dir / "ranking_study.md").write_text(report(results, splits=self.splits))
         for split in self.splits:
