@@ -236,3 +236,5 @@ def test_a_micro_run_trains_on_ranked_lists_and_is_ranking_evaluated(wordnet_dir
     assert result == json.loads((model_dir / "ranking.train.2.json").read_text())
     assert 0 <= result["cvr"] <= 1 and 0 < result["ndcg"] <= 1 and result["step"] == 2
     assert result["num_queries"] == len(open_dataset(data).qrels("train"))
+    by_sum = result["by_log_likelihood"]
+    assert 0 <= by_sum["cvr"] <= 1 and by_sum["num_queries"] == result["num_queries"]

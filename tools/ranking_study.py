@@ -203,6 +203,14 @@ def report(results: dict[str, Any], *, splits: Sequence[str]) -> str:
             lines.append(f"| {b['baseline']} n={b['dim']} lambda={b['weights']} | {_fmt(r['cvr'])} | "
                          f"{_fmt(r['ndcg'])} | " + " | ".join(_fmt(r[f"R@{k}"]) for k in range(1, MAX_K + 1))
                          + " | - | - |")
+        lines += ["", f"{split}, the candidates ranked by log-likelihood (the sum, as beam search ranks) instead:", "",
+                  "| system | CVR % | nDCG | " + " | ".join(f"R@{k}" for k in range(1, MAX_K + 1)) + " |",
+                  "|---" * (MAX_K + 3) + "|"]
+        for v in results["variants"]:
+            r = v.get("ranking", {}).get(split, {}).get("by_log_likelihood")
+            if r:
+                lines.append(f"| {v['label']} | {_fmt(r['cvr'])} | {_fmt(r['ndcg'])} | "
+                             + " | ".join(_fmt(r[f"R@{k}"]) for k in range(1, MAX_K + 1)) + " |")
         lines.append("")
     return "\n".join(lines)
 

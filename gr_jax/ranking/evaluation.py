@@ -1,6 +1,7 @@
 """SToICaL's ranking evaluation (Rozonoyer et al. Sec. 5) of a generative run: each query's gold ranked list and
 one negative are scored by the length-normalised mean token log-probability (`gr_jax.candidates`), and CVR, nDCG
-(log gold gains) and the set-overlap R@k are computed over them (`gr_jax.ranking.metrics`).
+(log gold gains) and the set-overlap R@k are computed over them (`gr_jax.ranking.metrics`); the same metrics by the
+candidates' log-likelihood (the sum, what beam search ranks by) are reported beside them (`by_log_likelihood`).
 
 The gold list of a query is its graded qrels by grade (`ranked_lists`); its negative is the `negatives.{split}.tsv`
 line of the data dir (qid, docid; `gr_jax.tools.wordnet_hypernyms` writes one off the query's path) or, where the
@@ -98,10 +99,14 @@ def evaluate_ranking(*, experiment: Any, split: Optional[str] = None, step: Opti
                                     table=built.docid_space.table, seed=seed)
     tokens = encode_inputs(candidates.texts, vocabulary=built.vocabulary,
                            input_length=experiment.dataset.input_length)
-    losses = CandidateScorer(built, batch_size=batch_size).losses(params, tokens, candidates.rows,
-                                                                    show_progress=True, desc="ranking")
-    result = {"step": step, "split": split, **ranking_metrics(-losses, candidates.valid, max_k=max_k),
-              "score": "length-normalised mean token log-probability"}
+    def scores(token_reduction: str) -> np.ndarray:
+        scorer = CandidateScorer(built, batch_size=batch_size, token_reduction=token_reduction)
+        return -scorer.losses(params, tokens, candidates.rows, show_progress=True, desc="ranking")
+
+    result = {"step": step, "split": split, **ranking_metrics(scores("mean"), candidates.valid, max_k=max_k),
+              "score": "length-normalised mean token log-probability",
+              # The same candidates by their log-likelihood (what beam search ranks by), for comparison.
+              "by_log_likelihood": ranking_metrics(scores("sum"), candidates.valid, max_k=max_k)}
     path = pathlib.Path(experiment.model_dir) / f"ranking.{split}.{step}.json"
     path.write_text(json.dumps(result, indent=1))
     return result
