@@ -2,7 +2,8 @@
 
     python -m gr_jax.tools.ranking_study --data_dir data/hypernyms_mammal_ic --out_dir runs/ranking/mammal_ic \\
         --variants ntp,frac2,trie2,combined2,stepwise --size p2m --steps 800 --input_length 160 --target_length 24 \\
-        [--splits dev,train] [--baseline_dims 4,8,16,32] [--baseline_steps 5000] [--gin_file F] [--gin.KEY=VALUE]
+        [--splits dev,train] [--baseline_dims 4,8,16,32] [--baseline_steps 5000] [--baseline_batch 2048]
+        [--gin_file F] [--gin.KEY=VALUE]
 
 1. Each variant (`VARIANTS`: its gin files under `gin_configs/ranking/` and bindings) is one `python -m gr_jax.train`
    process on `experiments/study_cpu.gin` + `ranking/ranked_lists.gin` + the size gin, into `{out_dir}/{variant}/`,
@@ -253,7 +254,9 @@ def main(argv: Optional[Sequence[str]] = None, *, runner: Any = run_study.run_lo
     parser.add_argument("--target_length", type=int, default=24)
     parser.add_argument("--splits", default="dev,train")
     parser.add_argument("--baseline_dims", default="4,8,16,32", help="empty: no table baselines")
-    parser.add_argument("--baseline_steps", type=int, default=5000)
+    parser.add_argument("--baseline_steps", type=int, default=5000,
+                        help="SGD / AdamW steps of each table baseline (the paper: 50k / 20k at batch 2k over 82k items)")
+    parser.add_argument("--baseline_batch", type=int, default=2048)
     args, rest = parser.parse_known_args(argv)
     _, gin_files, bindings = gin_utils.parse_args(rest, description=__doc__)
     variants = run_study._split_list(args.variants)
@@ -268,7 +271,8 @@ def main(argv: Optional[Sequence[str]] = None, *, runner: Any = run_study.run_lo
     study = RankingStudy(data_dir=args.data_dir, out_dir=pathlib.Path(args.out_dir), variants=variants,
                          size=args.size, steps=args.steps, input_length=args.input_length,
                          target_length=args.target_length, splits=run_study._split_list(args.splits),
-                         baseline_dims=dims, baseline_steps=args.baseline_steps, gin_files=gin_files,
+                         baseline_dims=dims, baseline_steps=args.baseline_steps,
+                         baseline_batch=args.baseline_batch, gin_files=gin_files,
                          bindings=bindings, runner=runner)
     results = study.run()
     print((study.out_dir / "ranking_study.md").read_text(), flush=True)
