@@ -19,33 +19,35 @@ from gr_jax import partitioning
 TokenReduction = Literal["mean", "sum"]
 
 
+def generation_losses(log_likelihood: np.ndarray, positions: np.ndarray, *,
+                      token_reduction: TokenReduction) -> np.ndarray:
+    """L(q, I) from `CandidateScorer.scores`: minus the mean token log-likelihood ('mean') or the sequence's ('sum')."""
+    if token_reduction not in ("mean", "sum"):
+        raise ValueError(f"token_reduction must be 'mean' or 'sum', got {token_reduction!r}")
+    return -log_likelihood / positions if token_reduction == "mean" else -log_likelihood
+
+
 class CandidateScorer:
     """built: a generative run (`gr_jax.experiment.Built`) with a docid space; batch_size: queries per compiled
     call (rounded up to a multiple of the data axis)."""
 
-    def __init__(self, built: Any, *, batch_size: int = 8, token_reduction: TokenReduction = "mean"):
+    def __init__(self, built: Any, *, batch_size: int = 8):
         if getattr(built, "docid_space", None) is None:
             raise ValueError("candidate scoring needs a generative run with a docid space")
-        if token_reduction not in ("mean", "sum"):
-            raise ValueError(f"token_reduction must be 'mean' or 'sum', got {token_reduction!r}")
         self.built = built
         self.table = built.docid_space.table
         trainer = built.trainer
         self.batch_size = partitioning.data_axis_multiple(batch_size, trainer.mesh)
-        model, token_mean = built.model, token_reduction == "mean"
-
-        def losses(params, tokens, candidates):
-            log_likelihood, positions = model.score_candidates(params, tokens, candidates)
-            return -log_likelihood / positions if token_mean else -log_likelihood
-
         self._batch_sharding = partitioning.batch_sharding(trainer.mesh)
-        self._losses = jax.jit(losses, in_shardings=(trainer.state_shardings.params, self._batch_sharding,
-                                                     self._batch_sharding), out_shardings=self._batch_sharding)
+        self._scores = jax.jit(built.model.score_candidates,
+                               in_shardings=(trainer.state_shardings.params, self._batch_sharding,
+                                             self._batch_sharding), out_shardings=self._batch_sharding)
 
-    def losses(self, params, tokens: np.ndarray, rows: np.ndarray, *, show_progress: bool = False,
-               desc: str = "scoring") -> np.ndarray:
-        """L(q, I) float32[Q, C] of docid-table rows int64[Q, C] (-1: padding, scored as the first row and to be
-        masked by the caller) for query tokens int32[Q, input_length]."""
+    def scores(self, params, tokens: np.ndarray, rows: np.ndarray, *, show_progress: bool = False,
+               desc: str = "scoring") -> tuple[np.ndarray, np.ndarray]:
+        """(log-likelihood float32[Q, C], scored positions float32[Q, C]) of docid-table rows int64[Q, C] (-1:
+        padding, scored as the first row and to be masked by the caller) for query tokens int32[Q, input_length]
+        (`EncoderDecoderModel.score_candidates`); `generation_losses` turns them into L(q, I)."""
         candidates = self.table.tokens[np.maximum(rows, 0)].astype(np.int32)  # [Q, C, T]
         trainer = self.built.trainer
         out = []
@@ -56,6 +58,10 @@ class CandidateScorer:
             for (query_chunk, real), (candidate_chunk, _) in tqdm.tqdm(
                     chunks, total=-(-len(tokens) // self.batch_size), desc=desc, unit="batch", leave=False,
                     disable=not show_progress):
-                out.append(np.asarray(jax.device_get(self._losses(params, put(query_chunk),
-                                                                  put(candidate_chunk))))[:real])
-        return np.concatenate(out) if out else np.zeros((0, rows.shape[1]), np.float32)
+                log_likelihood, positions = jax.device_get(self._scores(params, put(query_chunk),
+                                                                        put(candidate_chunk)))
+                out.append((np.asarray(log_likelihood)[:real], np.asarray(positions)[:real]))
+        if not out:
+            empty = np.zeros((0, rows.shape[1]), np.float32)
+            return empty, empty
+        return np.concatenate([o[0] for o in out]), np.concatenate([o[1] for o in out])

@@ -58,15 +58,18 @@ class RunData(Protocol):
         """What the run trains on, by name (its seqio mixture or task)."""
 
 
-def seqio_train_batches(data: RunData, *, batch_size: int, seed: int, start_batch: int, shard_index: int,
-                        num_shards: int) -> Iterator[dict]:
-    """The training batches of data whose examples are the seqio mixture `data.mixture_name`
-    (`gr_jax.data.pipeline.train_batches`)."""
-    from gr_jax.data import pipeline  # TensorFlow: only for runs that train
-    return pipeline.train_batches(
-        mixture_or_task_name=data.mixture_name, batch_size=batch_size, input_length=data.input_length,
-        target_length=data.target_length, seed=seed, start_batch=start_batch, shard_index=shard_index,
-        num_shards=num_shards)
+class SeqioExamplesData:
+    """What a `RunData` whose examples are a registered seqio mixture (`mixture_name`) shares: its training batches
+    come from `gr_jax.data.pipeline.train_batches` (the registered tasks hold the docid space)."""
+
+    def train_batches(self, *, docid_space: Optional[DocidSpace], batch_size: int, seed: int, start_batch: int,
+                      shard_index: int, num_shards: int) -> Iterator[dict]:
+        del docid_space
+        from gr_jax.data import pipeline  # TensorFlow: only for runs that train
+        return pipeline.train_batches(
+            mixture_or_task_name=self.mixture_name, batch_size=batch_size, input_length=self.input_length,
+            target_length=self.target_length, seed=seed, start_batch=start_batch, shard_index=shard_index,
+            num_shards=num_shards)
 
 
 def vocabulary_file(data: RunData) -> pathlib.Path:
@@ -75,7 +78,7 @@ def vocabulary_file(data: RunData) -> pathlib.Path:
 
 
 @dataclasses.dataclass(frozen=True)
-class DatasetConfig:
+class DatasetConfig(SeqioExamplesData):
     """Retrieval data: which data dir, which study row (mixture) and which docid scheme to train on."""
     name: str
     data_dir: str
@@ -113,13 +116,9 @@ class DatasetConfig:
         from gr_jax import tasks
         return tasks.mixture_name(name=self.name, row=self.row, docid_scheme=self.docid_scheme)
 
-    def train_batches(self, *, docid_space: Optional[DocidSpace], **kwargs) -> Iterator[dict]:
-        del docid_space  # the registered tasks hold it
-        return seqio_train_batches(self, **kwargs)
-
 
 @dataclasses.dataclass(frozen=True)
-class Doc2QueryData:
+class Doc2QueryData(SeqioExamplesData):
     """doc2query data: a document -> one of its labeled queries (the task `{name}.doc2query`,
     `gr_jax.tasks.doc2query`). The targets are query text, not docids: the run has no docid space, and its
     retrieval evaluation must be off (`training.EvalConfig.every_steps = -1`, set by experiments/doc2query.gin)."""
@@ -143,10 +142,6 @@ class Doc2QueryData:
     def mixture_name(self) -> str:
         from gr_jax.tasks import doc2query
         return doc2query.doc2query_task_name(name=self.name)
-
-    def train_batches(self, *, docid_space: Optional[DocidSpace], **kwargs) -> Iterator[dict]:
-        del docid_space
-        return seqio_train_batches(self, **kwargs)
 
 
 def build_model(*, config: network.T5Config, model_vocab_size: int, loss: losses.Loss = losses.TokenCrossEntropy(),

@@ -108,8 +108,17 @@ class RankingStudy:
         from gr_jax.ranking import baselines, evaluation
         from gr_jax.ranking.data import ranked_lists
         from gr_jax.ranking.targets import Fractional, TopOne
+        from gr_jax.dense.data import CorpusDocuments
         dataset = open_dataset(self.data_dir)
-        items = _Items([docid for docid, _ in dataset.collection()])
+        items = CorpusDocuments(dataset)  # the table's items: the collection's documents by row
+
+        def item_of(text: str) -> int:
+            row = int(items.rows_of([text.split()[0]])[0])
+            if row < 0:
+                raise ValueError(f"{text.split()[0]!r} is not a document of {dataset.collection_path}: the table "
+                                 "baselines need every query to be an item (the hypernym task's query names a synset)")
+            return row
+
         lists = ranked_lists(dataset, split="train")
         texts = dict(dataset.queries("train"))
         triples = {"ntp": TopOne(), "frac2": Fractional(alpha=2.0)}
@@ -121,7 +130,7 @@ class RankingStudy:
             for qid, docids in lists.items():
                 rows = items.rows_of(docids)
                 n = len(rows)
-                queries += [items.row(texts[qid].split()[0])] * n
+                queries += [item_of(texts[qid])] * n
                 documents += rows.tolist()
                 lam += np.asarray(weights(np.arange(1, n + 1), np.full(n, n))).tolist()
             for dim in self.baseline_dims:
@@ -132,7 +141,7 @@ class RankingStudy:
                                              batch_size=self.baseline_batch)
                     row = {"baseline": name, "dim": dim, "weights": weights_name, "ranking": {}}
                     for split, cand in candidates.items():
-                        query_items = np.asarray([items.row(text.split()[0]) for text in cand.texts])
+                        query_items = np.asarray([item_of(text) for text in cand.texts])
                         pairs_q = np.broadcast_to(query_items[:, None], cand.rows.shape)
                         scores = np.asarray(ranker.score(params, pairs_q, np.maximum(cand.rows, 0)))
                         row["ranking"][split] = evaluation.ranking_metrics(scores, cand.valid, max_k=MAX_K)
@@ -160,26 +169,6 @@ class RankingStudy:
         for split in self.splits:
             plot_recall_by_k(results, split=split, path=self.out_dir / f"recall_by_k.{split}.png")
         return results
-
-
-class _Items:
-    """The collection's documents as items of a lookup table (row = collection order)."""
-
-    def __init__(self, docids: Sequence[str]):
-        self.docids = list(docids)
-        self._rows = {docid: i for i, docid in enumerate(self.docids)}
-
-    def __len__(self) -> int:
-        return len(self.docids)
-
-    def row(self, docid: str) -> int:
-        if docid not in self._rows:
-            raise ValueError(f"{docid!r} is not a document of the collection: the table baselines need every query "
-                             "to be an item (the WordNet hypernym task's query names a synset)")
-        return self._rows[docid]
-
-    def rows_of(self, docids: Sequence[str]) -> np.ndarray:
-        return np.asarray([self._rows.get(d, -1) for d in docids], np.int64)
 
 
 def _fmt(value: Optional[float], scale: float = 100.0) -> str:

@@ -14,14 +14,17 @@ targets, decoder_soft_target_tokens int32 / decoder_soft_target_mass float32 [b,
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Iterator
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
 from gr_jax.dense.data import SeededEpochs, sharded_batches
 from gr_jax.models import SOFT_TARGET_MASS, SOFT_TARGET_TOKENS
-from gr_jax.vocabulary import PAD_ID
+from gr_jax.vocabulary import PAD_ID, load_vocabulary
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -63,3 +66,25 @@ class ExampleBatches:
                 prefetch: int = 2) -> Iterator[dict[str, np.ndarray]]:
         return sharded_batches(self.batch, batch_size=self.batch_size, start_batch=start_batch,
                                shard_index=shard_index, num_shards=num_shards, prefetch=prefetch)
+
+
+class HostExamplesData:
+    """What a `gr_jax.experiment.RunData` whose examples are made on the host shares: no seqio task to register,
+    and training batches of its `examples` (`ExampleBatches`). A subclass (a frozen dataclass with the RunData
+    fields) defines `examples` and `mixture_name`."""
+
+    def examples(self, *, docid_space: Any, vocabulary: Any) -> Examples:
+        raise NotImplementedError
+
+    def register(self, docid_space: Any) -> list[str]:
+        del docid_space
+        return []
+
+    def train_batches(self, *, docid_space: Any, batch_size: int, seed: int, start_batch: int, shard_index: int,
+                      num_shards: int) -> Iterator[dict[str, np.ndarray]]:
+        from gr_jax.experiment import vocabulary_file
+        examples = self.examples(docid_space=docid_space, vocabulary=load_vocabulary(vocabulary_file(self)))
+        logger.info("%s: %d examples (summed weight %.1f)", self.mixture_name, len(examples),
+                    float(examples.weights.sum()))
+        return ExampleBatches(examples=examples, batch_size=batch_size, seed=seed).batches(
+            start_batch=start_batch, shard_index=shard_index, num_shards=num_shards)

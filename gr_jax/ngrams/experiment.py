@@ -15,12 +15,12 @@ import functools
 import logging
 import pathlib
 import time
-from collections.abc import Container, Iterator, Sequence
+from collections.abc import Container, Sequence
 from typing import Any, Optional
 
 import numpy as np
 
-from gr_jax.data.examples import ExampleBatches, Examples
+from gr_jax.data.examples import Examples, HostExamplesData
 from gr_jax.data.readers import DataFormatError, open_dataset
 from gr_jax.docids import DocidSpace
 from gr_jax.experiment import Built, Experiment, RetrievalSettings, vocabulary_file
@@ -41,7 +41,7 @@ def _load_index(path: pathlib.Path) -> SpanIndex:
 
 
 @dataclasses.dataclass(frozen=True)
-class NgramData:
+class NgramData(HostExamplesData):
     """Where an n-gram run's data come from (see the module docstring). width: words per span (the span index of
     `{data_dir}/ngrams.w{width}.npz`); num_spans: spans per (query, document) pair (MINDER: 10 of 10 words);
     temperature: of the span-start softmax; seed: of the span draws."""
@@ -67,21 +67,13 @@ class NgramData:
         vocabulary = load_vocabulary(vocabulary_file(self))
         return DocidSpace.from_table(table, scheme=NGRAM_SCHEME, text_vocab_size=vocabulary.vocab_size)
 
-    def register(self, docid_space: Optional[DocidSpace]) -> list[str]:
-        del docid_space
-        return []  # batches are made on the host
-
     @property
     def mixture_name(self) -> str:
         return f"{self.name}.ngrams.w{self.width}"
 
-    def train_batches(self, *, docid_space: Optional[DocidSpace], batch_size: int, seed: int, start_batch: int,
-                      shard_index: int, num_shards: int) -> Iterator[dict]:
-        del docid_space
-        examples = ngram_examples(data=self, index=self.span_index(),
-                                  vocabulary=load_vocabulary(vocabulary_file(self)))
-        return ExampleBatches(examples=examples, batch_size=batch_size, seed=seed).batches(
-            start_batch=start_batch, shard_index=shard_index, num_shards=num_shards)
+    def examples(self, *, docid_space: Optional[DocidSpace], vocabulary: Any) -> Examples:
+        del docid_space  # the span index is the docid space
+        return ngram_examples(data=self, index=self.span_index(), vocabulary=vocabulary)
 
 
 def ngram_examples(*, data: NgramData, index: SpanIndex, vocabulary: Any) -> Examples:
@@ -146,9 +138,8 @@ class NgramRetriever:
         spans = self.spans.rank(queries, k=self.num_spans)
         start = time.perf_counter()
         ids, scores = [], []
-        for span_ids, span_scores in zip(spans.ids, spans.scores):
-            valid = [(int(s[1:]), score) for s, score in zip(span_ids, span_scores) if s not in spans.invalid]
-            rows, doc_scores = aggregate_documents([s for s, _ in valid], [score for _, score in valid],
+        for span_ids, span_scores in zip(spans.ids, spans.scores):  # constrained decoding: every id is a span
+            rows, doc_scores = aggregate_documents(self.index.table.rows_of(span_ids), span_scores,
                                                    index=self.index, k=k)
             ids.append([self.index.docids[row] for row in rows])
             scores.append(doc_scores)
@@ -169,12 +160,15 @@ class NgramBuilt(Built):
         spans = super().retriever(params, settings=search, show_progress=show_progress, step=step)
         return NgramRetriever(spans=spans, index=self.index, num_spans=settings.num_beams)
 
+    @functools.cached_property
+    def _rows(self) -> dict[str, int]:
+        return {docid: row for row, docid in enumerate(self.index.docids)}
+
     def known_docids(self) -> Optional[Container[str]]:
-        return frozenset(self.index.docids)
+        return self._rows
 
     def collection_rows(self, docids: Sequence[str]) -> np.ndarray:
-        rows = {docid: row for row, docid in enumerate(self.index.docids)}
-        return np.asarray([rows.get(d, -1) for d in docids], np.int64)
+        return np.asarray([self._rows.get(d, -1) for d in docids], np.int64)
 
 
 @dataclasses.dataclass(frozen=True)

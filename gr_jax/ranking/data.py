@@ -25,16 +25,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterator
 from typing import Optional, Protocol
 
 import numpy as np
 
-from gr_jax.data.examples import ExampleBatches, Examples
+from gr_jax.data.examples import Examples, HostExamplesData
 from gr_jax.data.readers import DataFormatError, RetrievalDataset, open_dataset
 from gr_jax.docids import DocidSpace
 from gr_jax.ranking.targets import TopOne, trie_targets
-from gr_jax.vocabulary import PAD_ID, encode_and_count_cut, load_vocabulary
+from gr_jax.vocabulary import PAD_ID, encode_and_count_cut
 
 logger = logging.getLogger(__name__)
 
@@ -131,8 +130,7 @@ def ranked_list_examples(*, data: "RankedListData", docid_space: DocidSpace, voc
     targets = np.stack(targets)
     weights = np.asarray(weights, np.float32)
     if data.indexing:
-        documents = [text for _, text in dataset.collection()]
-        doc_ids = [docid for docid, _ in dataset.collection()]
+        doc_ids, documents = zip(*dataset.collection())
         doc_inputs, doc_cut = encode_and_count_cut(documents, vocabulary=vocabulary, input_length=data.input_length)
         logger.info("indexing examples: %d documents, %d cut to their first %d tokens (FirstP)", len(documents),
                     doc_cut, data.input_length - 1)
@@ -150,7 +148,7 @@ def ranked_list_examples(*, data: "RankedListData", docid_space: DocidSpace, voc
 
 
 @dataclasses.dataclass(frozen=True)
-class RankedListData:
+class RankedListData(HostExamplesData):
     """A generative run trained on ranked lists (gin: `gin_configs/ranking/ranked_lists.gin`); evaluated as any
     generative run on `eval_split`'s queries and qrels, with the docids of `docid_scheme`.
 
@@ -177,23 +175,12 @@ class RankedListData:
                                       input_length=self.input_length, target_length=self.target_length,
                                       vocabulary_path=self.vocabulary_path)
 
-    def register(self, docid_space: Optional[DocidSpace]) -> list[str]:
-        del docid_space
-        return []  # batches are made on the host
-
     @property
     def mixture_name(self) -> str:
         return f"{self.name}.ranked_lists.{self.docid_scheme}"
 
-    def train_batches(self, *, docid_space: Optional[DocidSpace], batch_size: int, seed: int, start_batch: int,
-                      shard_index: int, num_shards: int) -> Iterator[dict]:
-        from gr_jax.experiment import vocabulary_file
-        examples = ranked_list_examples(data=self, docid_space=docid_space,
-                                        vocabulary=load_vocabulary(vocabulary_file(self)))
-        logger.info("%s: %d ranked-list examples (summed item weight %.1f)", self.mixture_name, len(examples),
-                    float(examples.weights.sum()))
-        return ExampleBatches(examples=examples, batch_size=batch_size, seed=seed).batches(
-            start_batch=start_batch, shard_index=shard_index, num_shards=num_shards)
+    def examples(self, *, docid_space: DocidSpace, vocabulary) -> Examples:
+        return ranked_list_examples(data=self, docid_space=docid_space, vocabulary=vocabulary)
 
 
 __all__ = ["ItemWeights", "RankedListData", "TrieTargets", "ranked_list_examples",

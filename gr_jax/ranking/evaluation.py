@@ -99,14 +99,13 @@ def evaluate_ranking(*, experiment: Any, split: Optional[str] = None, step: Opti
                                     table=built.docid_space.table, seed=seed)
     tokens = encode_inputs(candidates.texts, vocabulary=built.vocabulary,
                            input_length=experiment.dataset.input_length)
-    def scores(token_reduction: str) -> np.ndarray:
-        scorer = CandidateScorer(built, batch_size=batch_size, token_reduction=token_reduction)
-        return -scorer.losses(params, tokens, candidates.rows, show_progress=True, desc="ranking")
-
-    result = {"step": step, "split": split, **ranking_metrics(scores("mean"), candidates.valid, max_k=max_k),
+    log_likelihood, positions = CandidateScorer(built, batch_size=batch_size).scores(
+        params, tokens, candidates.rows, show_progress=True, desc="ranking")
+    result = {"step": step, "split": split,
+              **ranking_metrics(metrics.length_normalised(log_likelihood, positions), candidates.valid, max_k=max_k),
               "score": "length-normalised mean token log-probability",
               # The same candidates by their log-likelihood (what beam search ranks by), for comparison.
-              "by_log_likelihood": ranking_metrics(scores("sum"), candidates.valid, max_k=max_k)}
+              "by_log_likelihood": ranking_metrics(log_likelihood, candidates.valid, max_k=max_k)}
     path = pathlib.Path(experiment.model_dir) / f"ranking.{split}.{step}.json"
     path.write_text(json.dumps(result, indent=1))
     return result

@@ -28,7 +28,7 @@ from typing import Any, Literal, Optional
 import numpy as np
 
 from gr_jax.actions import Action
-from gr_jax.candidates import CandidateScorer, TokenReduction
+from gr_jax.candidates import CandidateScorer, TokenReduction, generation_losses
 from gr_jax.data.readers import open_dataset
 from gr_jax.vocabulary import encode_inputs
 
@@ -103,13 +103,14 @@ class CglScorer:
     def __init__(self, built: Any, *, config: CglConfig = CglConfig()):
         self.built = built
         self.config = config
-        self._scorer = CandidateScorer(built, batch_size=config.batch_size, token_reduction=config.token_reduction)
+        self._scorer = CandidateScorer(built, batch_size=config.batch_size)
         self.table = self._scorer.table
 
     def candidate_losses(self, params, tokens: np.ndarray, rows: np.ndarray, *,
                          show_progress: bool = False) -> np.ndarray:
         """L(q, I) float32[Q, C] of docid-table rows int64[Q, C] (-1: padding, to be masked by the caller)."""
-        return self._scorer.losses(params, tokens, rows, show_progress=show_progress, desc="CGL")
+        log_likelihood, positions = self._scorer.scores(params, tokens, rows, show_progress=show_progress, desc="CGL")
+        return generation_losses(log_likelihood, positions, token_reduction=self.config.token_reduction)
 
     def measure(self, params, *, split: str, show_progress: bool = False) -> dict[str, Any]:
         """CGL of `split` with `params`: the mean, its parts and the settings (JSON-ready)."""
