@@ -23,6 +23,7 @@ INSTALL_REQUIRES = [
     "safetensors==0.8.0",
     "tokenizers==0.23.3",
     "matplotlib==3.11.2",
+    "tensorboard==2.20.0",  # event files without TensorFlow (metric_writers)
 ]
 TEST_REQUIRES = [
     "pytest==9.2.0",

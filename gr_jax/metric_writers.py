@@ -1,48 +1,46 @@
 """Training metrics to TensorBoard event files (process 0 only) and to the console log.
 
 Same interface as `clu.metric_writers` (`write_scalars(step, {...})`, `write_texts`, `write_hparams`,
-`flush`, `close`), but built directly on TensorFlow's core summary ops: with TensorFlow >= 2.21 the
-`tensorboard` package is no longer a TensorFlow dependency, and without it neither
-`clu.metric_writers` nor `tf.summary.scalar` can be imported or used. `tf.summary.write` with the
-TensorBoard plugin metadata writes exactly the records `tf.summary.scalar` / `tf.summary.text`
-would, so TensorBoard shows scalars under "Scalars" and texts (markdown) under "Text".
+`flush`, `close`), built on the `tensorboard` package's own event-file writer and summary protos, so that a
+JAX-only host (a GPU or TPU image without TensorFlow) writes the same files. The records are those
+`tf.summary.scalar` / `tf.summary.text` write (tensor summaries with the scalars / text plugin metadata), so
+TensorBoard shows scalars under "Scalars" and texts (markdown) under "Text"; the tests read them back with
+TensorFlow's own reader.
 """
 from __future__ import annotations
 
 import logging
 import math
 import os
+import time
 from collections.abc import Mapping
 from typing import Any
 
 import jax
 import numpy as np
+from tensorboard.compat.proto import event_pb2
+from tensorboard.compat.proto import summary_pb2
+from tensorboard.compat.proto import tensor_pb2
+from tensorboard.compat.proto import tensor_shape_pb2
+from tensorboard.compat.proto import types_pb2
+from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
 logger = logging.getLogger(__name__)
 
-_tf = None
+_SCALARS = summary_pb2.SummaryMetadata(plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"),
+                                       data_class=summary_pb2.DATA_CLASS_SCALAR)
+_TEXT = summary_pb2.SummaryMetadata(plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="text"),
+                                    data_class=summary_pb2.DATA_CLASS_TENSOR)
+_SCALAR_SHAPE = tensor_shape_pb2.TensorShapeProto()
 
 
-def _tensorflow():
-    """TensorFlow, imported on first use and kept off the accelerators (jax owns them)."""
-    global _tf
-    if _tf is None:
-        import tensorflow as tf
-
-        try:
-            tf.config.set_visible_devices([], "GPU")
-        except RuntimeError:  # TF's runtime is already initialised (e.g. by tf.data): leave it as it is.
-            pass
-        _tf = tf
-    return _tf
+def _scalar_tensor(value: float) -> tensor_pb2.TensorProto:
+    return tensor_pb2.TensorProto(dtype=types_pb2.DT_FLOAT, tensor_shape=_SCALAR_SHAPE, float_val=[value])
 
 
-def _metadata(plugin_name: str, data_class: int):
-    from tensorflow.core.framework import summary_pb2
-
-    return summary_pb2.SummaryMetadata(
-        plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name=plugin_name), data_class=data_class
-    )
+def _text_tensor(text: str) -> tensor_pb2.TensorProto:
+    return tensor_pb2.TensorProto(dtype=types_pb2.DT_STRING, tensor_shape=_SCALAR_SHAPE,
+                                  string_val=[text.encode("utf-8")])
 
 
 def _scalar(name: str, value: Any) -> float:
@@ -63,15 +61,11 @@ class MetricWriter:
         self.logdir = os.fspath(logdir)
         self.write_to_disk = jax.process_index() == 0 if write_to_disk is None else write_to_disk
         self.log_to_console = log_to_console
-        self._writer = None
-        if self.write_to_disk:
-            tf = _tensorflow()
-            self._writer = tf.summary.create_file_writer(self.logdir)
+        self._writer = EventFileWriter(self.logdir) if self.write_to_disk else None
 
-    def _write(self, step: int, tag: str, tensor, metadata) -> None:
-        tf = _tensorflow()
-        with self._writer.as_default():
-            tf.summary.write(tag=tag, tensor=tensor, step=int(step), metadata=metadata)
+    def _write(self, step: int, values: list[summary_pb2.Summary.Value]) -> None:
+        summary = summary_pb2.Summary(value=values)
+        self._writer.add_event(event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary))
 
     def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
         """`scalars`: name -> number (Python, numpy or a one-element jax array), e.g. 'train/loss'."""
@@ -79,10 +73,8 @@ class MetricWriter:
         if self.log_to_console:
             logger.info("[%d] %s", step, ", ".join(f"{k}={_format(v)}" for k, v in values.items()))
         if self._writer is not None:
-            tf = _tensorflow()
-            metadata = _metadata("scalars", 1)  # DATA_CLASS_SCALAR
-            for name, value in values.items():
-                self._write(step, name, tf.constant(value, tf.float32), metadata)
+            self._write(step, [summary_pb2.Summary.Value(tag=name, tensor=_scalar_tensor(value), metadata=_SCALARS)
+                               for name, value in values.items()])
 
     def write_texts(self, step: int, texts: Mapping[str, str]) -> None:
         """`texts`: name -> markdown string (e.g. the operative gin config)."""
@@ -93,10 +85,8 @@ class MetricWriter:
             for name, text in texts.items():
                 logger.info("[%d] %s:\n%s", step, name, text)
         if self._writer is not None:
-            tf = _tensorflow()
-            metadata = _metadata("text", 2)  # DATA_CLASS_TENSOR
-            for name, text in texts.items():
-                self._write(step, name, tf.constant(text), metadata)
+            self._write(step, [summary_pb2.Summary.Value(tag=name, tensor=_text_tensor(text), metadata=_TEXT)
+                               for name, text in texts.items()])
 
     def write_hparams(self, hparams: Mapping[str, Any]) -> None:
         """Hyper-parameters as a markdown table in the text summary 'hparams' at step 0."""

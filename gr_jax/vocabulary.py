@@ -118,14 +118,39 @@ def train_sentencepiece(
     return model_path
 
 
-def load_vocabulary(path: PathLike) -> "seqio.SentencePieceVocabulary":
+class HostSentencePieceVocabulary:
+    """The host-side part of `seqio.SentencePieceVocabulary` (extra_ids=0) without TensorFlow.
+
+    What host-made datasets, decoding and evaluation use (`encode`, `decode` up through the first EOS,
+    `vocab_size`, the special ids, `tokenizer`), with seqio's semantics, so that a JAX-only host (an accelerator
+    image without TensorFlow) trains and evaluates them. seqio tasks need seqio's own class.
+    """
+
+    def __init__(self, path: PathLike):
+        self.path = str(path)
+        self.tokenizer = spm.SentencePieceProcessor(model_file=self.path)
+        self.vocab_size = self.tokenizer.GetPieceSize()
+        self.pad_id, self.eos_id, self.unk_id = PAD_ID, EOS_ID, UNK_ID
+
+    def encode(self, s: str) -> list[int]:
+        """Token ids of `s`, without EOS."""
+        return self.tokenizer.EncodeAsIds(s)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """The text of `ids` up through the first EOS; ids past the vocabulary decode as UNK."""
+        clean = [self.unk_id if int(i) >= self.vocab_size else int(i) for i in ids]
+        if self.eos_id in clean:
+            clean = clean[:clean.index(self.eos_id) + 1]
+        return self.tokenizer.DecodeIds(clean)
+
+
+def load_vocabulary(path: PathLike) -> "seqio.SentencePieceVocabulary | HostSentencePieceVocabulary":
     """Loads a vocabulary trained by `train_sentencepiece` (a `spm.model` file, or the data dir holding it).
 
     Checks the T5 id convention, since a model trained with a different one would silently learn to
     emit the wrong end-of-sequence token. `extra_ids=0`: generative retrieval needs no sentinels.
+    seqio's vocabulary where seqio (and TensorFlow) can be imported, else `HostSentencePieceVocabulary`.
     """
-    import seqio  # Lazy: TensorFlow is only needed once a vocabulary is used in a seqio pipeline.
-
     path = pathlib.Path(path)
     if path.is_dir():
         path = path / MODEL_FILENAME
@@ -138,6 +163,11 @@ def load_vocabulary(path: PathLike) -> "seqio.SentencePieceVocabulary":
     if ids != (PAD_ID, EOS_ID, UNK_ID, -1):
         raise ValueError(f"{path}: ids (pad, eos, unk, bos) are {ids}; expected the T5 convention "
                          f"({PAD_ID}, {EOS_ID}, {UNK_ID}, -1). Retrain with `python -m gr_jax.tools.make_vocab`.")
+    try:
+        import seqio  # Lazy: TensorFlow is only needed once a vocabulary is used in a seqio pipeline.
+    except ImportError:
+        logger.info("seqio cannot be imported: %s loads as a HostSentencePieceVocabulary", path)
+        return HostSentencePieceVocabulary(path)
     return seqio.SentencePieceVocabulary(str(path), extra_ids=0)
 
 

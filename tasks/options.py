@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from gr_jax.data.preprocessors import SELECTIONS, span_corruption_counts, span_corruption_window
+from gr_jax.data.d2q import SELECTIONS
+from gr_jax.data.span_corruption import num_sentinels, span_corruption_window
 
 
 def _check_int(name: str, value: object, *, smallest: int) -> None:
@@ -61,7 +62,7 @@ class RepresentationOptions:
 
     @property
     def span_window(self) -> int:
-        """Raw tokens per span-corrupted example (see `gr_jax.data.preprocessors.span_corruption_window`)."""
+        """Raw tokens per span-corrupted example (see `gr_jax.data.span_corruption.span_corruption_window`)."""
         return span_corruption_window(input_length=self.input_length, target_length=self.target_length,
                                       noise_density=self.span_noise_density,
                                       mean_noise_span_length=self.span_mean_length)
@@ -69,5 +70,5 @@ class RepresentationOptions:
     @property
     def num_sentinels(self) -> int:
         """Sentinel ids a span-corrupted example may use: at most one more than a full window's spans."""
-        return span_corruption_counts(self.span_window, noise_density=self.span_noise_density,
-                                      mean_noise_span_length=self.span_mean_length)[1] + 1
+        return num_sentinels(input_length=self.input_length, target_length=self.target_length,
+                             noise_density=self.span_noise_density, mean_noise_span_length=self.span_mean_length)

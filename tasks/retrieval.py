@@ -59,6 +59,7 @@ from gr_jax.data.readers import RetrievalDataset, open_dataset
 from gr_jax.docids import DocidSpace, DocidTable
 from gr_jax.vocabulary import MODEL_FILENAME, load_vocabulary
 from gr_jax.tasks import sources
+from gr_jax.tasks.docid_space import load_docid_space
 from gr_jax.tasks.options import RepresentationOptions
 
 logger = logging.getLogger(__name__)
@@ -236,22 +237,6 @@ def _representations_of(rows: Sequence[str] | None) -> frozenset[str] | None:
     if rows is None:
         return None
     return frozenset(r for row in rows for r in MIXTURE_ROWS.get(row, (row,)))
-
-
-def _span_corruption_sentinels(*, input_length: int, target_length: int) -> int:
-    return RepresentationOptions(input_length=input_length, target_length=target_length, d2q_path="").num_sentinels
-
-
-def load_docid_space(*, data_dir: str | os.PathLike, docid_scheme: str = "naive", input_length: int = 64,
-                     target_length: int = 16, vocabulary_path: str | os.PathLike | None = None) -> DocidSpace:
-    """The docid space of `data_dir` as these tasks use it: the scheme's table (`gr_jax.docids.load_docid_space`)
-    over the data dir's vocabulary, with the span corruption sentinels of these lengths reserved after its pieces."""
-    data_dir = pathlib.Path(data_dir).resolve()
-    vocabulary_path = pathlib.Path(vocabulary_path or data_dir / MODEL_FILENAME).resolve()
-    vocabulary = load_vocabulary(vocabulary_path)
-    return docids.load_docid_space(
-        dataset=open_dataset(data_dir), scheme=docid_scheme, vocabulary=vocabulary, vocabulary_path=vocabulary_path,
-        reserved_tokens=_span_corruption_sentinels(input_length=input_length, target_length=target_length))
 
 
 def register_dataset(

@@ -1,5 +1,7 @@
 """Event files written by MetricWriter, read back with TensorFlow's own event-file reader."""
 import logging
+import subprocess
+import sys
 
 import jax.numpy as jnp
 import numpy as np
@@ -84,3 +86,18 @@ def test_bad_values_are_rejected(tmp_path):
             writer.write_scalars(1, {"train/loss": np.array([1.0, 2.0])})
         with pytest.raises(TypeError, match="'config' must be a str"):
             writer.write_texts(1, {"config": 3})
+
+
+def test_writes_without_tensorflow(tmp_path):
+    """A JAX-only host (no TensorFlow importable) writes the same event files."""
+    logdir = tmp_path / "jax_only"
+    script = ("import sys; sys.modules['tensorflow'] = None\n"  # any `import tensorflow` now fails
+              "from gr_jax import metric_writers\n"
+              f"with metric_writers.create_writer({str(logdir)!r}) as writer:\n"
+              "    writer.write_scalars(3, {'train/loss': 0.75})\n"
+              "    writer.write_texts(0, {'config': 'x = 1'})\n"
+              "assert 'tensorflow' not in {m.split('.')[0] for m, v in sys.modules.items() if v is not None}\n")
+    subprocess.run([sys.executable, "-c", script], check=True)
+    records = _read_events(logdir)
+    assert (3, "train/loss", "scalars", 0.75) in records
+    assert (0, "config", "text", "x = 1") in records

@@ -1,6 +1,8 @@
 """Ranked-list training (SToICaL): lists from graded qrels and a teacher run, examples and batches by hand, the soft
 cross entropy against brute force and against the one-hot loss, and a micro run through train and ranking_eval."""
 import json
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -238,3 +240,37 @@ def test_a_micro_run_trains_on_ranked_lists_and_is_ranking_evaluated(wordnet_dir
     assert result["num_queries"] == len(open_dataset(data).qrels("train"))
     by_sum = result["by_log_likelihood"]
     assert 0 <= by_sum["cvr"] <= 1 and by_sum["num_queries"] == result["num_queries"]
+
+
+def test_host_made_training_needs_no_tensorflow(wordnet_dir, tmp_path):
+    """A JAX-only host (an accelerator image without TensorFlow or seqio) trains on host-made data and writes its
+    metrics; the losses equal those of a run with TensorFlow importable (the same tokens, batches and steps)."""
+    import gin
+    from gr_jax import train as train_main
+    from gr_jax.tools import make_vocab, wordnet_hypernyms
+    data = tmp_path / "hyp"
+    wordnet_hypernyms.main(["--wordnet_dir", str(wordnet_dir), "--out_dir", str(data), "--root", "food.n.02",
+                            "--dev_fraction", "0.5", "--seed", "1", "--in_context"])
+    make_vocab.main(["--data_dir", str(data), "--vocab_size", "320"])
+
+    def args(model_dir):
+        return ["--gin_file=runs/train.gin", "--gin_file=ranking/ranked_lists.gin", "--gin_file=ranking/trie.gin",
+                "--gin_file=models/t5_1_1/tiny.gin", "--gin.TRAIN_STEPS=2", f"--gin.DATA_DIR='{data}'",
+                f"--gin.MODEL_DIR='{model_dir}'", "--gin.DATASET_NAME='jax_only'", "--gin.INPUT_LENGTH=192",
+                "--gin.TARGET_LENGTH=32", "--gin.BATCH_SIZE=8", "--gin.network.T5Config.num_encoder_layers=1",
+                "--gin.network.T5Config.num_decoder_layers=1", "--gin.training.EvalConfig.num_beams=4",
+                "--gin.training.EvalConfig.batch_size=8"]
+
+    gin.clear_config()
+    train_main.main(args(tmp_path / "with_tf"))
+    script = ("import sys\n"
+              "for name in ('tensorflow', 'seqio', 'tensorflow_text', 'tensorflow_datasets'):\n"
+              "    sys.modules[name] = None  # importing any of them now fails\n"
+              "from gr_jax import train\n"
+              f"train.main({args(tmp_path / 'jax_only')!r})\n")
+    subprocess.run([sys.executable, "-c", script], check=True, cwd=tmp_path)
+    with_tf = json.loads((tmp_path / "with_tf" / "final_metrics.json").read_text())
+    jax_only = json.loads((tmp_path / "jax_only" / "final_metrics.json").read_text())
+    assert list((tmp_path / "jax_only").glob("events.out.tfevents.*"))
+    for key in ("train/loss", "train/token_accuracy", "eval/MRR@10", "eval/Recall@10"):
+        assert jax_only[key] == pytest.approx(with_tf[key], rel=1e-5, abs=1e-7), key

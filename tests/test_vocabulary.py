@@ -1,5 +1,8 @@
 """Tests of gr_jax.vocabulary and gr_jax.tools.make_vocab: T5 ids, one digit per piece, lossless round trip, seqio."""
+import json
 import shutil
+import subprocess
+import sys
 
 import pytest
 import sentencepiece as spm
@@ -126,3 +129,21 @@ def test_make_vocab_writes_spm_model_beside_the_data_and_refuses_to_replace_it(t
         make_vocab.main(["--data_dir", str(data_dir), "--vocab_size", str(VOCAB_SIZE)])
     make_vocab.main(["--data_dir", str(data_dir), "--vocab_size", str(VOCAB_SIZE + 10), "--overwrite"])
     assert spm.SentencePieceProcessor(model_file=str(model)).get_piece_size() == VOCAB_SIZE + 10
+
+
+def test_host_vocabulary_matches_seqio_without_tensorflow(model_path, tmp_path):
+    """Where seqio cannot be imported, load_vocabulary gives a TensorFlow-free vocabulary with seqio's results."""
+    seqio_vocab = vocabulary.load_vocabulary(model_path)
+    texts = ["Hello world", "ruminant.n.01 deer.n.01", "1234567 caf\u00e9", ""]
+    ids = [[5, 7, 1, 9, 0], [3, 1], [seqio_vocab.vocab_size + 4, 6]]  # EOS cuts; ids past the vocabulary are UNK
+    expected = {"vocab_size": seqio_vocab.vocab_size, "eos_id": seqio_vocab.eos_id,
+                "encode": [list(seqio_vocab.encode(t)) for t in texts], "decode": [seqio_vocab.decode(i) for i in ids]}
+    script = ("import json, sys; sys.modules['seqio'] = None; sys.modules['tensorflow'] = None\n"
+              "from gr_jax import vocabulary\n"
+              f"v = vocabulary.load_vocabulary({str(model_path)!r})\n"
+              "print(json.dumps({'type': type(v).__name__, 'vocab_size': v.vocab_size, 'eos_id': v.eos_id,\n"
+              f"    'encode': [v.encode(t) for t in {texts!r}], 'decode': [v.decode(i) for i in {ids!r}]}}))\n")
+    out = subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True).stdout
+    host = json.loads(out.strip().splitlines()[-1])
+    assert host.pop("type") == "HostSentencePieceVocabulary"
+    assert host == expected

@@ -20,6 +20,8 @@ from typing import Literal
 
 from gr_jax.data.readers import DataFormatError, read_lines
 
+SELECTIONS = ("first", "random")  # which of a passage's synthetic queries: its first k, or a seeded subset
+
 PathLike = str | os.PathLike
 
 # The D2Q file of a data dir, unless told otherwise.

@@ -31,6 +31,9 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
+from gr_jax.data.d2q import SELECTIONS
+from gr_jax.data.span_corruption import span_corruption_counts, span_corruption_window  # noqa: F401
+
 if TYPE_CHECKING:
     from gr_jax.docids import DocidTable
 
@@ -103,9 +106,6 @@ def trim_inputs_and_append_eos(
 
 # tf.strings.to_hash_bucket_fast(x, n) is FarmHash Fingerprint64(x) mod n: stable across TF versions and platforms.
 _FINGERPRINT_BUCKETS = 2**63 - 1
-SELECTIONS = ("first", "random")
-
-
 def _check_seed(seed: int) -> None:
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
         raise ValueError(f"seed must be an integer in [0, 2**63), got {seed!r}")
@@ -237,39 +237,6 @@ def require_feature_lengths(
 # ---------------------------------------------------------------------------------------------------------
 # Span corruption (T5's pretraining objective), for continued pretraining on a corpus before indexing it
 # ---------------------------------------------------------------------------------------------------------
-
-def span_corruption_counts(length: int, *, noise_density: float, mean_noise_span_length: float) -> tuple[int, int]:
-    """(noise tokens, noise spans) of a window of `length` tokens: at least one of each, at most all but one
-    token noise (all of a one-token window), and never more spans than noise or non-noise tokens allow."""
-    num_noise = min(max(round(length * noise_density), 1), max(length - 1, 1))
-    num_spans = min(max(round(num_noise / mean_noise_span_length), 1), num_noise, max(length - num_noise, 1))
-    return num_noise, num_spans
-
-
-def span_corruption_window(*, input_length: int, target_length: int, noise_density: float = 0.15,
-                           mean_noise_span_length: float = 3.0) -> int:
-    """The longest window of raw tokens whose corrupted inputs and targets (EOS included) both fit.
-
-    inputs: the window's non-noise tokens plus one sentinel per span plus EOS; targets: one sentinel per span
-    plus the noise tokens plus EOS, with room for one more span than `span_corruption_counts` (the rotation).
-    E.g. inputs 64, targets 16 at density 0.15 and mean span 3 -> 69 tokens (10 noise tokens in 3 or 4 spans:
-    inputs <= 64, targets <= 15).
-    """
-    if not 0.0 < noise_density < 1.0:
-        raise ValueError(f"noise_density must be in (0, 1), got {noise_density}")
-    if not mean_noise_span_length >= 1.0:
-        raise ValueError(f"mean_noise_span_length must be >= 1, got {mean_noise_span_length}")
-    best = 0
-    for length in range(1, 4 * (input_length + target_length)):
-        num_noise, num_spans = span_corruption_counts(length, noise_density=noise_density,
-                                                      mean_noise_span_length=mean_noise_span_length)
-        # + 1 span: the random rotation may split one span in two (see `span_corruption`).
-        if length - num_noise + num_spans + 2 <= input_length and num_noise + num_spans + 2 <= target_length:
-            best = length
-    if best == 0:
-        raise ValueError(f"no window fits inputs {input_length} and targets {target_length} tokens")
-    return best
-
 
 def _random_partition(total: tf.Tensor, parts: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
     """int64[parts]: `total` split into `parts` consecutive positive lengths at uniformly random cut points

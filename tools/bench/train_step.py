@@ -51,7 +51,7 @@ def _time(fn) -> float:
 
 
 def run(*, config: network.T5Config, batch: int, inputs: int, targets: int, steps: int, optimizer: str,
-        probe_size: int) -> dict:
+        probe_size: int, probe_dtype: str = "float32") -> dict:
     model = EncoderDecoderModel(config=config)
     mesh = partitioning.make_mesh(data=-1, model=1)
     lr = optimizers.warmup_constant(peak=1e-3, warmup_steps=100)
@@ -64,8 +64,8 @@ def run(*, config: network.T5Config, batch: int, inputs: int, targets: int, step
     global_batch = partitioning.host_batch_to_global(data, mesh=mesh)
     step_flops = _compiled_flops(trainer.lower_train_step(state, global_batch, rng).compile())
 
-    a = jax.random.normal(jax.random.PRNGKey(2), (probe_size, probe_size), jnp.float32)
-    b = jax.random.normal(jax.random.PRNGKey(3), (probe_size, probe_size), jnp.float32)
+    a = jax.random.normal(jax.random.PRNGKey(2), (probe_size, probe_size), probe_dtype)
+    b = jax.random.normal(jax.random.PRNGKey(3), (probe_size, probe_size), probe_dtype)
     probe = jax.jit(lambda x, y: x @ y)
     probe_flops = _compiled_flops(probe.lower(a, b).compile())
     jax.block_until_ready(probe(a, b))
@@ -87,13 +87,14 @@ def run(*, config: network.T5Config, batch: int, inputs: int, targets: int, step
     return {
         "benchmark": "train_step",
         "params": trainer.param_count(),
-        "batch": batch, "inputs": inputs, "targets": targets, "dtype": config.dtype, "optimizer": optimizer,
+        "batch": batch, "inputs": inputs, "targets": targets, "dtype": config.dtype, "param_dtype": config.param_dtype, "optimizer": optimizer,
         "devices": jax.device_count(), "platform": jax.devices()[0].platform,
         "steps_per_s": 1.0 / step_s,
         "tokens_per_s": batch * (inputs + targets) / step_s,
         "step_flops": step_flops,
         "model_flops_per_s": model_flops_per_s,
         "probe_flops_per_s": probe_flops_per_s,
+        "probe_dtype": probe_dtype, "probe_size": probe_size,
         "ratio": model_flops_per_s / probe_flops_per_s,
         "timed_steps": steps,
     }
@@ -106,15 +107,19 @@ def main(argv=None) -> None:
     parser.add_argument("--inputs", type=int, default=32)
     parser.add_argument("--targets", type=int, default=8)
     parser.add_argument("--vocab", type=int, default=32128)
-    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--dtype", default="float32", help="activations")
+    parser.add_argument("--param_dtype", default="float32", help="parameters (and optimizer state)")
     parser.add_argument("--optimizer", default="adafactor")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--probe_size", type=int, default=2048)
+    parser.add_argument("--probe_dtype", default="float32", help="bfloat16 on accelerators: their peak is bf16")
     args = parser.parse_args(argv)
     gin_utils.parse_gin(gin_files=[args.config], bindings=[])
-    config = gin.get_configurable(network.T5Config)(vocab_size=args.vocab, dtype=args.dtype, dropout_rate=0.1)
+    config = gin.get_configurable(network.T5Config)(vocab_size=args.vocab, dtype=args.dtype, param_dtype=args.param_dtype,
+                                                      dropout_rate=0.1)
     print(json.dumps(run(config=config, batch=args.batch, inputs=args.inputs, targets=args.targets,
-                         steps=args.steps, optimizer=args.optimizer, probe_size=args.probe_size)))
+                         steps=args.steps, optimizer=args.optimizer, probe_size=args.probe_size,
+                         probe_dtype=args.probe_dtype)))
 
 
 if __name__ == "__main__":
