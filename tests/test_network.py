@@ -178,3 +178,45 @@ def test_bfloat16_parameters_are_bfloat16_kernels_too():
     dtypes = {jax.tree_util.keystr(path): leaf.dtype for path, leaf in jax.tree_util.tree_leaves_with_path(params)}
     assert {str(d) for d in dtypes.values()} == {"bfloat16"}, dtypes
     assert any("query" in name for name in dtypes)
+
+
+def _dropout_mask_shapes(cfg, *, batch=2, input_length=7, target_length=5) -> list[tuple[int, ...]]:
+    """The shape of every dropout mask drawn by a teacher-forced forward pass (the `random_bits` of the jaxpr)."""
+    module, variables = _init(cfg)
+    enc = jnp.ones((batch, input_length), jnp.int32)
+    dec = jnp.ones((batch, target_length), jnp.int32)
+    jaxpr = jax.make_jaxpr(lambda r: module.apply(variables, enc, dec, enable_dropout=True,
+                                                  rngs={"dropout": r}))(jax.random.PRNGKey(1))
+    shapes = []
+
+    def walk(inner):
+        for eqn in inner.eqns:
+            if eqn.primitive.name == "random_bits":
+                shapes.append(tuple(eqn.params["shape"]))
+            for param in eqn.params.values():
+                sub = getattr(param, "jaxpr", param)
+                if hasattr(sub, "eqns"):
+                    walk(sub)
+
+    walk(jaxpr.jaxpr)
+    return sorted(shapes)
+
+
+def test_dropout_masks_are_shared_along_the_length_axis_as_in_t5x():
+    """T5.1.1's default (t5x's broadcast_dims=(-2,)): one mask per example and feature, the same at every position;
+    attention weights [b, heads, q, k] drop the same keys for every query. Counted by hand for one layer each."""
+    b, i, t, d, h, m = 2, 7, 5, 32, 2, 64
+    cfg = network.T5Config(**{**MICRO.__dict__, "dropout_rate": 0.1, "num_encoder_layers": 1, "num_decoder_layers": 1})
+    assert cfg.dropout_broadcast_dims == (-2,)
+    mlp_hidden = (b, 1, m)
+    encoder = [(b, 1, d), (b, h, 1, i), (b, 1, d), mlp_hidden, (b, 1, d), (b, 1, d)]  # embed, attn w/out, mlp, norm
+    decoder = [(b, 1, d), (b, h, 1, t), (b, 1, d), (b, h, 1, i), (b, 1, d), mlp_hidden, (b, 1, d), (b, 1, d)]
+    assert _dropout_mask_shapes(cfg, batch=b, input_length=i, target_length=t) == sorted(encoder + decoder)
+    # () draws one mask element per activation element: the same sites, full shapes.
+    full = network.T5Config(**{**cfg.__dict__, "dropout_broadcast_dims": []})
+    assert full.dropout_broadcast_dims == ()
+    unshared = [(b, i, d), (b, h, i, i), (b, i, d), (b, i, m), (b, i, d), (b, i, d),
+                (b, t, d), (b, h, t, t), (b, t, d), (b, h, t, i), (b, t, d), (b, t, m), (b, t, d), (b, t, d)]
+    assert _dropout_mask_shapes(full, batch=b, input_length=i, target_length=t) == sorted(unshared)
+    with pytest.raises(ValueError, match="dropout_broadcast_dims"):
+        network.T5Config(**{**cfg.__dict__, "dropout_broadcast_dims": ("length",)})

@@ -112,7 +112,7 @@ class PawaDecoder(nn.Module):
         # axis is split over 'model' as an MLP's is: 453M parameters at Base, 1.07B at Large.
         self.weight_generator = logical_param(self, "weight_generator", fan_in_init(1, scale=1.0 / cfg.emb_dim),
                                        (cfg.emb_dim, cfg.emb_dim * cfg.emb_dim), (EMBED, MLP), cfg.param_dtype)
-        self.dropout = nn.Dropout(cfg.dropout_rate)
+        self.dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=cfg.dropout_broadcast_dims)
 
     def __call__(self, embedded: Array, encoded: Array, *, cross_mask: Array, deterministic: bool) -> Array:
         """Teacher-forced. embedded: [batch, tgt_len, embed] (decoder input embeddings) -> u, same shape."""

@@ -27,11 +27,13 @@ from gr_jax.models import EncoderDecoderModel
 from gr_jax.trainer import Trainer
 
 
-def _compiled_flops(compiled) -> float:
+def _cost(compiled) -> dict:
     cost = compiled.cost_analysis()
-    if isinstance(cost, (list, tuple)):
-        cost = cost[0]
-    return float(cost["flops"])
+    return cost[0] if isinstance(cost, (list, tuple)) else cost
+
+
+def _compiled_flops(compiled) -> float:
+    return float(_cost(compiled)["flops"])
 
 
 def random_batch(rng: np.random.Generator, *, batch: int, inputs: int, targets: int, vocab: int) -> dict:
@@ -62,7 +64,8 @@ def run(*, config: network.T5Config, batch: int, inputs: int, targets: int, step
                         vocab=config.vocab_size)
     rng = jax.random.PRNGKey(1)
     global_batch = partitioning.host_batch_to_global(data, mesh=mesh)
-    step_flops = _compiled_flops(trainer.lower_train_step(state, global_batch, rng).compile())
+    step_cost = _cost(trainer.lower_train_step(state, global_batch, rng).compile())
+    step_flops = float(step_cost["flops"])
 
     a = jax.random.normal(jax.random.PRNGKey(2), (probe_size, probe_size), probe_dtype)
     b = jax.random.normal(jax.random.PRNGKey(3), (probe_size, probe_size), probe_dtype)
@@ -92,6 +95,7 @@ def run(*, config: network.T5Config, batch: int, inputs: int, targets: int, step
         "steps_per_s": 1.0 / step_s,
         "tokens_per_s": batch * (inputs + targets) / step_s,
         "step_flops": step_flops,
+        "step_bytes_accessed": float(step_cost.get("bytes accessed", float("nan"))),  # XLA's estimate
         "model_flops_per_s": model_flops_per_s,
         "probe_flops_per_s": probe_flops_per_s,
         "probe_dtype": probe_dtype, "probe_size": probe_size,
