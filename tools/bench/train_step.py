@@ -113,14 +113,17 @@ def main(argv=None) -> None:
     parser.add_argument("--vocab", type=int, default=32128)
     parser.add_argument("--dtype", default="float32", help="activations")
     parser.add_argument("--param_dtype", default="float32", help="parameters (and optimizer state)")
+    parser.add_argument("--dropout_broadcast_dims", default="-2",
+                        help="comma-separated axes sharing a dropout mask ('-2': t5x's T5.1.1; '': per element)")
     parser.add_argument("--optimizer", default="adafactor")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--probe_size", type=int, default=2048)
     parser.add_argument("--probe_dtype", default="float32", help="bfloat16 on accelerators: their peak is bf16")
     args = parser.parse_args(argv)
     gin_utils.parse_gin(gin_files=[args.config], bindings=[])
-    config = gin.get_configurable(network.T5Config)(vocab_size=args.vocab, dtype=args.dtype, param_dtype=args.param_dtype,
-                                                      dropout_rate=0.1)
+    config = gin.get_configurable(network.T5Config)(
+        vocab_size=args.vocab, dtype=args.dtype, param_dtype=args.param_dtype, dropout_rate=0.1,
+        dropout_broadcast_dims=tuple(int(axis) for axis in args.dropout_broadcast_dims.split(",") if axis.strip()))
     print(json.dumps(run(config=config, batch=args.batch, inputs=args.inputs, targets=args.targets,
                          steps=args.steps, optimizer=args.optimizer, probe_size=args.probe_size,
                          probe_dtype=args.probe_dtype)))
