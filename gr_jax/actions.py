@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Optional
 
 from gr_jax import checkpoints
+from gr_jax import partitioning
 from gr_jax.evaluation import write_trec_run
 from gr_jax.evaluator import RetrievalEvaluator
 
@@ -147,7 +148,8 @@ def evaluate_retrieval(run: TrainingRun, *, retriever: ParametricRetriever, eval
     metrics."""
     metrics, ranked = evaluator.evaluate(retriever.with_params(params))
     run.writer.write_scalars(step, {f"{prefix}/{k}": v for k, v in metrics.items()})
-    write_trec_run(run.model_dir / f"run.{split}.{step}.trec", ranked, tag=f"gr_jax-{step}")
+    if partitioning.is_primary_process():
+        write_trec_run(run.model_dir / f"run.{split}.{step}.trec", ranked, tag=f"gr_jax-{step}")
     logger.info("step %d %s: %s", step, prefix, metrics)
     return metrics
 
@@ -228,6 +230,8 @@ class ModelSelection:
         return improved
 
     def save(self) -> None:
+        if not partitioning.is_primary_process():
+            return
         self.path.write_text(json.dumps({"split": self.split, "metric": self.metric, "best_step": self.best_step,
                                          "best_value": self.best_value, "stopped": self.stopped,
                                          "history": self.history}, indent=1))

@@ -41,7 +41,8 @@ class CandidateScorer:
         self._batch_sharding = partitioning.batch_sharding(trainer.mesh)
         self._scores = jax.jit(built.model.score_candidates,
                                in_shardings=(trainer.state_shardings.params, self._batch_sharding,
-                                             self._batch_sharding), out_shardings=self._batch_sharding)
+                                             self._batch_sharding),
+                               out_shardings=partitioning.host_readable_sharding(trainer.mesh))
 
     def scores(self, params, tokens: np.ndarray, rows: np.ndarray, *, show_progress: bool = False,
                desc: str = "scoring") -> tuple[np.ndarray, np.ndarray]:

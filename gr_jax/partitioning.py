@@ -280,6 +280,18 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec(DATA_AXIS))
 
 
+def is_primary_process() -> bool:
+    """Whether this process writes the run's files (process 0). Every process of a multi-host job computes the same
+    metrics and runs; one writes them, so no two processes write one file at once."""
+    return jax.process_index() == 0
+
+
+def host_readable_sharding(mesh: Mesh) -> NamedSharding:
+    """Replicated: for outputs every process reads whole (retrieval and scoring results). A batch-sharded output
+    spans other hosts' devices in a multi-host job, where `jax.device_get` cannot fetch it; these are small."""
+    return NamedSharding(mesh, PartitionSpec())
+
+
 def data_axis_multiple(batch_size: int, mesh: Mesh) -> int:
     """`batch_size` rounded up to a multiple of the 'data' axis, so a batch splits evenly over it."""
     data_size = mesh.shape[DATA_AXIS]

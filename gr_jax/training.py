@@ -19,6 +19,7 @@ import numpy as np
 import tqdm
 
 from gr_jax import metric_writers
+from gr_jax import partitioning
 from gr_jax.actions import (Action, EvaluateRetrieval, SaveCheckpoint, SelectModel, StopOnNonFiniteLoss,
                             TrainingProgress, TrainingRun, WriteTrainMetrics)
 from gr_jax.evaluation import write_trec_run
@@ -187,7 +188,7 @@ def train(*, experiment: RunExperiment, num_train_steps: int, checkpoint_every_s
     model_dir.mkdir(parents=True, exist_ok=True)
     built = experiment.build(keep_checkpoints=keep_checkpoints)
     logger.info("model: %s, %d parameters", built.model.config, built.trainer.param_count())
-    if gin_config_str:
+    if gin_config_str and partitioning.is_primary_process():
         (model_dir / "config.gin").write_text(gin_config_str)
     state, start_batch = initial_state(built)
     run = TrainingRun(built=built, writer=metric_writers.create_writer(model_dir),
@@ -198,7 +199,8 @@ def train(*, experiment: RunExperiment, num_train_steps: int, checkpoint_every_s
                    *eval_config.actions(built, show_progress=progress), *actions]
     _, report = training_loop(run=run, state=state, num_train_steps=num_train_steps, actions=all_actions,
                               report_every_steps=log_every_steps, progress=progress)
-    (model_dir / "final_metrics.json").write_text(json.dumps(report, indent=1))
+    if partitioning.is_primary_process():
+        (model_dir / "final_metrics.json").write_text(json.dumps(report, indent=1))
     return report
 
 
@@ -211,6 +213,7 @@ def evaluate(*, experiment: RunExperiment, eval_config: EvalConfig = EvalConfig(
     metrics, run = eval_config.evaluator(built, split).evaluate(
         built.retriever(params, settings=eval_config, show_progress=progress, step=step))
     model_dir = pathlib.Path(experiment.model_dir)
-    write_trec_run(model_dir / f"run.{split}.{step}.trec", run, tag=f"gr_jax-{step}")
-    (model_dir / f"eval.{split}.{step}.json").write_text(json.dumps(metrics, indent=1))
+    if partitioning.is_primary_process():
+        write_trec_run(model_dir / f"run.{split}.{step}.trec", run, tag=f"gr_jax-{step}")
+        (model_dir / f"eval.{split}.{step}.json").write_text(json.dumps(metrics, indent=1))
     return metrics

@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from gr_jax import partitioning
 from gr_jax.candidates import CandidateScorer
 from gr_jax.data.readers import DataFormatError, RetrievalDataset, open_dataset, read_lines
 from gr_jax.ranking import metrics
@@ -106,6 +107,6 @@ def evaluate_ranking(*, experiment: Any, split: Optional[str] = None, step: Opti
               "score": "length-normalised mean token log-probability",
               # The same candidates by their log-likelihood (what beam search ranks by), for comparison.
               "by_log_likelihood": ranking_metrics(log_likelihood, candidates.valid, max_k=max_k)}
-    path = pathlib.Path(experiment.model_dir) / f"ranking.{split}.{step}.json"
-    path.write_text(json.dumps(result, indent=1))
+    if partitioning.is_primary_process():
+        (pathlib.Path(experiment.model_dir) / f"ranking.{split}.{step}.json").write_text(json.dumps(result, indent=1))
     return result

@@ -102,7 +102,8 @@ class DenseRetriever:
             sharding = partitioning.batch_sharding(self.mesh)
             self._encoders[key] = jax.jit(functools.partial(self.model.encode, side=side),
                                           in_shardings=(self.param_shardings, sharding, sharding),
-                                          out_shardings=sharding).lower(params, ids, mask).compile()
+                                          out_shardings=partitioning.host_readable_sharding(self.mesh),
+                                          ).lower(params, ids, mask).compile()
             self.compile_seconds += time.perf_counter() - start
         return self._encoders[key]
 

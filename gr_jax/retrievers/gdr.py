@@ -84,7 +84,7 @@ class GdrRetriever:
         start = time.perf_counter()
         predict = jax.jit(functools.partial(self._predict_impl, num_beams=self.num_beams),
                           in_shardings=(self.param_shardings, self.batch_sharding, None),
-                          out_shardings=self.batch_sharding)
+                          out_shardings=partitioning.host_readable_sharding(self.mesh))
         executable = predict.lower(params, tokens, self.cluster_space.trie).compile()
         self._compiled[self.num_beams] = executable
         return executable, time.perf_counter() - start

@@ -125,7 +125,7 @@ class GenerativeRetriever:
         start = time.perf_counter()
         predict = jax.jit(functools.partial(self._predict_impl, num_beams=num_beams),
                           in_shardings=(self.param_shardings, self.batch_sharding, None),
-                          out_shardings=self.batch_sharding)
+                          out_shardings=partitioning.host_readable_sharding(self.mesh))
         executable = predict.lower(params, tokens, self.trie).compile()
         self._compiled[num_beams] = executable
         return executable, time.perf_counter() - start

@@ -27,6 +27,7 @@ from typing import Any, Literal, Optional
 
 import numpy as np
 
+from gr_jax import partitioning
 from gr_jax.actions import Action
 from gr_jax.candidates import CandidateScorer, TokenReduction, generation_losses
 from gr_jax.data.readers import open_dataset
@@ -160,8 +161,8 @@ def evaluate_cgl(*, experiment: Any, split: Optional[str] = None, step: Optional
     params, step = built.restore_params(step)
     split = split or experiment.dataset.eval_split
     result = {"step": step, **CglScorer(built, config=config).measure(params, split=split, show_progress=progress)}
-    path = pathlib.Path(experiment.model_dir) / f"cgl.{split}.{step}.json"
-    path.write_text(json.dumps(result, indent=1))
+    if partitioning.is_primary_process():
+        (pathlib.Path(experiment.model_dir) / f"cgl.{split}.{step}.json").write_text(json.dumps(result, indent=1))
     return result
 
 
