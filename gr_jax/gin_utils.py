@@ -14,9 +14,12 @@ import logging
 import os
 import pathlib
 import re
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import gin
+
+if TYPE_CHECKING:
+    from gr_jax import network
 
 GIN_CONFIGS_DIR = pathlib.Path(__file__).resolve().parent.parent / "gin_configs"
 _GIN_WORD = re.compile(r"^(@|%|\[|\(|\{|True$|False$|None$|'|\")")
@@ -72,6 +75,19 @@ def parse_gin(*, gin_files: Sequence[str], bindings: Sequence[str], search_paths
     for path in [*search_paths, str(GIN_CONFIGS_DIR), os.getcwd()]:
         gin.add_config_file_search_path(path)
     gin.parse_config_files_and_bindings(list(gin_files), list(bindings), finalize_config=True)
+
+
+def t5_config(gin_files: Sequence[str], *, bindings: Sequence[str] = (), **overrides) -> "network.T5Config":
+    """The `network.T5Config` that `gin_files` (a size gin: dimensions only) and `bindings` describe, with
+    `overrides` (e.g. vocab_size, dtype) on top, as the training entry points build it. Tools and benchmarks take
+    model sizes from here; the gin config is cleared before and after, so no binding outlives the call."""
+    from gr_jax import network
+    gin.clear_config()
+    try:
+        parse_gin(gin_files=gin_files, bindings=bindings)
+        return gin.get_configurable(network.T5Config)(**overrides)
+    finally:
+        gin.clear_config()
 
 
 def parse_run_config(model_dir: str | os.PathLike, *, gin_args: Sequence[str] = (), missing: str) -> None:

@@ -46,8 +46,9 @@ LogicalAxisRules = Sequence[tuple[str, str | tuple[str, ...] | None]]
 # error, never a silent replication).
 #
 # Override by passing another table (gin binds the `rules` argument of the entry points), e.g. t5x's
-# 2-D fully sharded parameters (`parameter_partitioning_dims=2`) replace ('embed', None) with
-# ('embed', 'data'), which shards parameters and optimizer state over both mesh axes (ZeRO-3 style).
+# 2-D fully sharded parameters (`parameter_partitioning_dims=2`, `LOGICAL_AXIS_RULES_2D` below) replace
+# ('embed', None) with ('embed', 'data'), which shards parameters and optimizer state over both mesh axes (ZeRO-3
+# style).
 LOGICAL_AXIS_RULES: tuple[tuple[str, str | None], ...] = (
     ("batch", DATA_AXIS),
     ("vocab", MODEL_AXIS),
@@ -58,6 +59,9 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, str | None], ...] = (
     ("relpos_buckets", None),
     ("length", None),
 )
+# t5x's 2-D fully sharded parameters: 'embed' over 'data' as well (parameters and optimizer state over both axes).
+LOGICAL_AXIS_RULES_2D: tuple[tuple[str, str | None], ...] = tuple(
+    (name, DATA_AXIS) if name == "embed" else (name, axis) for name, axis in LOGICAL_AXIS_RULES)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -70,3 +70,26 @@ def spm_data_dir(tmp_path_factory) -> pathlib.Path:
              for line in (path / name).read_text().splitlines()]
     train_sentencepiece(texts=texts * 3, model_path=path / "spm.model", vocab_size=320)
     return path
+
+
+@pytest.fixture
+def ranked_hypernyms(wordnet_dir, tmp_path) -> pathlib.Path:
+    """An in-context WordNet hypernym ranking data dir (food.n.02's subtree, half of it dev) with a 320-piece
+    vocabulary: what micro ranked-list runs train on."""
+    from gr_jax.tools import make_vocab, wordnet_hypernyms
+    data = tmp_path / "hyp"
+    wordnet_hypernyms.main(["--wordnet_dir", str(wordnet_dir), "--out_dir", str(data), "--root", "food.n.02",
+                            "--dev_fraction", "0.5", "--seed", "1", "--in_context"])
+    make_vocab.main(["--data_dir", str(data), "--vocab_size", "320"])
+    return data
+
+
+def micro_ranked_run_args(*, data, model_dir, name: str, steps: int = 2, gin_files=(), bindings=()) -> list[str]:
+    """`python -m gr_jax.train` arguments of a micro run (tiny with one layer each side) on ranked lists of `data`:
+    `gin_files` after ranking/ranked_lists.gin (e.g. ranking/trie.gin), `bindings` (`--gin.KEY=VALUE`) last."""
+    return ["--gin_file=runs/train.gin", "--gin_file=ranking/ranked_lists.gin",
+            *(f"--gin_file={path}" for path in gin_files), "--gin_file=models/t5_1_1/tiny.gin",
+            f"--gin.TRAIN_STEPS={steps}", f"--gin.DATA_DIR='{data}'", f"--gin.MODEL_DIR='{model_dir}'",
+            f"--gin.DATASET_NAME='{name}'", "--gin.INPUT_LENGTH=192", "--gin.TARGET_LENGTH=32", "--gin.BATCH_SIZE=8",
+            "--gin.network.T5Config.num_encoder_layers=1", "--gin.network.T5Config.num_decoder_layers=1",
+            "--gin.training.EvalConfig.num_beams=4", "--gin.training.EvalConfig.batch_size=8", *bindings]

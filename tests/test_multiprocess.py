@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from gr_jax.tools import make_vocab, wordnet_hypernyms
+from conftest import micro_ranked_run_args
 
 
 def _free_port() -> int:
@@ -18,14 +18,9 @@ def _free_port() -> int:
 
 
 def _train_args(data, model_dir, *, steps: int) -> list[str]:
-    return ["--gin_file=runs/train.gin", "--gin_file=ranking/ranked_lists.gin", "--gin_file=models/t5_1_1/tiny.gin",
-            f"--gin.TRAIN_STEPS={steps}", f"--gin.DATA_DIR='{data}'", f"--gin.MODEL_DIR='{model_dir}'",
-            "--gin.DATASET_NAME='multiprocess'", "--gin.INPUT_LENGTH=192", "--gin.TARGET_LENGTH=32",
-            "--gin.BATCH_SIZE=8", "--gin.network.T5Config.num_encoder_layers=1",
-            "--gin.network.T5Config.num_decoder_layers=1", "--gin.network.T5Config.emb_dim=64",
-            "--gin.network.T5Config.mlp_dim=128", "--gin.training.EvalConfig.num_beams=4",
-            "--gin.training.EvalConfig.batch_size=8", "--gin.training.train.checkpoint_every_steps=2",
-            "--gin.training.train.log_every_steps=1"]
+    return micro_ranked_run_args(data=data, model_dir=model_dir, name="multiprocess", steps=steps, bindings=[
+        "--gin.network.T5Config.emb_dim=64", "--gin.network.T5Config.mlp_dim=128",
+        "--gin.training.train.checkpoint_every_steps=2", "--gin.training.train.log_every_steps=1"])
 
 
 def _run(jobs: list[list[str]], *, devices: int, cwd) -> None:
@@ -38,24 +33,15 @@ def _run(jobs: list[list[str]], *, devices: int, cwd) -> None:
         assert proc.returncode == 0, output[-3000:]
 
 
-@pytest.fixture
-def ranked_data(wordnet_dir, tmp_path):
-    data = tmp_path / "hyp"
-    wordnet_hypernyms.main(["--wordnet_dir", str(wordnet_dir), "--out_dir", str(data), "--root", "food.n.02",
-                            "--dev_fraction", "0.5", "--seed", "1", "--in_context"])
-    make_vocab.main(["--data_dir", str(data), "--vocab_size", "320"])
-    return data
-
-
-def test_two_processes_train_resume_and_evaluate_as_one(ranked_data, tmp_path):
+def test_two_processes_train_resume_and_evaluate_as_one(ranked_hypernyms, tmp_path):
     single = tmp_path / "single"
-    _run([_train_args(ranked_data, single, steps=4)], devices=4, cwd=tmp_path)
+    _run([_train_args(ranked_hypernyms, single, steps=4)], devices=4, cwd=tmp_path)
 
     multi = tmp_path / "multi"
     port = _free_port()
 
     def process(index: int, steps: int) -> list[str]:
-        return [*_train_args(ranked_data, multi, steps=steps),
+        return [*_train_args(ranked_hypernyms, multi, steps=steps),
                 f"--gin.partitioning.initialize_distributed.coordinator_address='localhost:{port}'",
                 "--gin.partitioning.initialize_distributed.num_processes=2",
                 f"--gin.partitioning.initialize_distributed.process_id={index}"]

@@ -19,9 +19,7 @@ def _expected_argument_bytes(*, mesh_shape, rules_2d, batch, input_length, targe
     from gr_jax import optimizers, partitioning
     from gr_jax.models import EncoderDecoderModel
     from gr_jax.trainer import Trainer
-    rules = partitioning.LOGICAL_AXIS_RULES
-    if rules_2d:
-        rules = tuple(plan_memory.RULES_2D_EMBED if name == "embed" else (name, axis) for name, axis in rules)
+    rules = partitioning.LOGICAL_AXIS_RULES_2D if rules_2d else partitioning.LOGICAL_AXIS_RULES
     trainer = Trainer(model=EncoderDecoderModel(config=MICRO),
                       optimizer=optimizers.make_optimizer(name="adafactor", learning_rate=1e-3),
                       mesh=partitioning.make_mesh(data=mesh_shape[0], model=mesh_shape[1]),

@@ -21,6 +21,8 @@ from gr_jax.ranking.evaluation import ranking_candidates, ranking_metrics
 from gr_jax.ranking.targets import Fractional, Stepwise, TopOne, trie_targets
 from gr_jax.vocabulary import EOS_ID, PAD_ID
 
+from conftest import micro_ranked_run_args
+
 LETTERS = {ch: 3 + i for i, ch in enumerate("acdefghinorstquwxy ")}
 WORDS = ["cat", "dog", "cats", "deer", "fish", "fox"]
 
@@ -212,24 +214,15 @@ def test_ranking_candidates_and_metrics_by_hand(data_dir):
     assert result["ndcg"] == pytest.approx((1 + gains.sum() / ideal.sum()) / 2)
 
 
-def test_a_micro_run_trains_on_ranked_lists_and_is_ranking_evaluated(wordnet_dir, tmp_path, capsys):
+def test_a_micro_run_trains_on_ranked_lists_and_is_ranking_evaluated(ranked_hypernyms, tmp_path, capsys):
     import gin
     from gr_jax import ranking_eval
     from gr_jax import train as train_main
-    from gr_jax.tools import make_vocab, wordnet_hypernyms
-    data = tmp_path / "hyp"
-    wordnet_hypernyms.main(["--wordnet_dir", str(wordnet_dir), "--out_dir", str(data), "--root", "food.n.02",
-                            "--dev_fraction", "0.5", "--seed", "1", "--in_context"])
-    make_vocab.main(["--data_dir", str(data), "--vocab_size", "320"])
+    data = ranked_hypernyms
     model_dir = tmp_path / "run"
     gin.clear_config()
-    train_main.main(["--gin_file=runs/train.gin", "--gin_file=ranking/ranked_lists.gin",
-                     "--gin_file=ranking/combined.gin", "--gin_file=models/t5_1_1/tiny.gin",
-                     "--gin.TRAIN_STEPS=2", f"--gin.DATA_DIR='{data}'", f"--gin.MODEL_DIR='{model_dir}'",
-                     "--gin.DATASET_NAME='ranked_fixture'", "--gin.INPUT_LENGTH=192", "--gin.TARGET_LENGTH=32",
-                     "--gin.BATCH_SIZE=8", "--gin.network.T5Config.num_encoder_layers=1",
-                     "--gin.network.T5Config.num_decoder_layers=1", "--gin.training.EvalConfig.num_beams=4",
-                     "--gin.training.EvalConfig.batch_size=8"])
+    train_main.main(micro_ranked_run_args(data=data, model_dir=model_dir, name="ranked_fixture",
+                                          gin_files=["ranking/combined.gin"]))
     final = json.loads((model_dir / "final_metrics.json").read_text())
     assert np.isfinite(final["train/loss"])
     gin.clear_config()
@@ -242,24 +235,15 @@ def test_a_micro_run_trains_on_ranked_lists_and_is_ranking_evaluated(wordnet_dir
     assert 0 <= by_sum["cvr"] <= 1 and by_sum["num_queries"] == result["num_queries"]
 
 
-def test_host_made_training_needs_no_tensorflow(wordnet_dir, tmp_path):
+def test_host_made_training_needs_no_tensorflow(ranked_hypernyms, tmp_path):
     """A JAX-only host (an accelerator image without TensorFlow or seqio) trains on host-made data and writes its
     metrics; the losses equal those of a run with TensorFlow importable (the same tokens, batches and steps)."""
     import gin
     from gr_jax import train as train_main
-    from gr_jax.tools import make_vocab, wordnet_hypernyms
-    data = tmp_path / "hyp"
-    wordnet_hypernyms.main(["--wordnet_dir", str(wordnet_dir), "--out_dir", str(data), "--root", "food.n.02",
-                            "--dev_fraction", "0.5", "--seed", "1", "--in_context"])
-    make_vocab.main(["--data_dir", str(data), "--vocab_size", "320"])
 
     def args(model_dir):
-        return ["--gin_file=runs/train.gin", "--gin_file=ranking/ranked_lists.gin", "--gin_file=ranking/trie.gin",
-                "--gin_file=models/t5_1_1/tiny.gin", "--gin.TRAIN_STEPS=2", f"--gin.DATA_DIR='{data}'",
-                f"--gin.MODEL_DIR='{model_dir}'", "--gin.DATASET_NAME='jax_only'", "--gin.INPUT_LENGTH=192",
-                "--gin.TARGET_LENGTH=32", "--gin.BATCH_SIZE=8", "--gin.network.T5Config.num_encoder_layers=1",
-                "--gin.network.T5Config.num_decoder_layers=1", "--gin.training.EvalConfig.num_beams=4",
-                "--gin.training.EvalConfig.batch_size=8"]
+        return micro_ranked_run_args(data=ranked_hypernyms, model_dir=model_dir, name="jax_only",
+                                     gin_files=["ranking/trie.gin"])
 
     gin.clear_config()
     train_main.main(args(tmp_path / "with_tf"))

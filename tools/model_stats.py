@@ -35,7 +35,6 @@ import sys
 from collections.abc import Sequence
 from typing import Optional
 
-import gin
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
@@ -74,12 +73,7 @@ class Stats:
 
 def size_config(size: str) -> network.T5Config:
     """T5.1.1 dimensions of gin_configs/models/t5_1_1/{size}.gin (the repository's one source of them)."""
-    gin.clear_config()
-    try:
-        gin_utils.parse_gin(gin_files=[f"models/t5_1_1/{size}.gin"], bindings=[])
-        return gin.get_configurable(network.T5Config)()
-    finally:
-        gin.clear_config()
+    return gin_utils.t5_config([f"models/t5_1_1/{size}.gin"])
 
 
 def _semantic2d_head(config: network.T5Config, *, docid_length: int) -> network.T5Config:

@@ -23,9 +23,6 @@ from typing import Optional
 
 from gr_jax.entry_point import run_tool
 
-RULES_2D_EMBED = ("embed", "data")
-
-
 def parse_mesh(text: str) -> tuple[int, int]:
     try:
         data, model = (int(part) for part in text.lower().split("x"))
@@ -46,9 +43,7 @@ def plan(*, config, mesh_shape: tuple[int, int], batch: int, input_length: int, 
     from gr_jax.models import EncoderDecoderModel
     from gr_jax.trainer import Trainer
 
-    rules = partitioning.LOGICAL_AXIS_RULES
-    if rules_2d:
-        rules = tuple(RULES_2D_EMBED if name == "embed" else (name, axis) for name, axis in rules)
+    rules = partitioning.LOGICAL_AXIS_RULES_2D if rules_2d else partitioning.LOGICAL_AXIS_RULES
     mesh = partitioning.make_mesh(data=mesh_shape[0], model=mesh_shape[1])
     trainer = Trainer(model=EncoderDecoderModel(config=config),
                       optimizer=optimizers.make_optimizer(name="adafactor", learning_rate=1e-3), mesh=mesh,
@@ -93,17 +88,15 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         flags = os.environ.get("XLA_FLAGS", "")
         os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={mesh_shape[0] * mesh_shape[1]}"
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
-        import gin
         import jax
 
-        from gr_jax import gin_utils, network
+        from gr_jax import gin_utils
         if jax.device_count() != mesh_shape[0] * mesh_shape[1]:
             raise ValueError(f"JAX started with {jax.device_count()} devices before --mesh {args.mesh} could be "
                              "set: run the tool in a fresh process")
         _, gin_files, bindings = gin_utils.parse_args(gin_args, description="gin overrides")
-        gin_utils.parse_gin(gin_files=[args.config, *gin_files], bindings=bindings)
-        config = gin.get_configurable(network.T5Config)(vocab_size=args.vocab, dtype=args.dtype,
-                                                        param_dtype=args.param_dtype)
+        config = gin_utils.t5_config([args.config, *gin_files], bindings=bindings, vocab_size=args.vocab,
+                                     dtype=args.dtype, param_dtype=args.param_dtype)
         return plan(config=config, mesh_shape=mesh_shape, batch=args.batch, input_length=args.input_length,
                     target_length=args.target_length, rules_2d=args.rules == "2d")
 

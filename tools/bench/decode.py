@@ -51,7 +51,6 @@ import time
 import tracemalloc
 from collections.abc import Callable
 
-import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -166,11 +165,7 @@ def semantic_id_table(rng: np.random.Generator, *, num_docids: int, digits: np.n
 
 def model_config(name: str, *, vocab_size: int, dtype: str) -> network.T5Config:
     """The T5Config of a size gin (dimensions only), as the training entry points build it."""
-    gin.clear_config()
-    gin_utils.parse_gin(gin_files=[MODEL_GINS[name]], bindings=[])
-    config = gin.get_configurable(network.T5Config)(vocab_size=vocab_size, dtype=dtype, dropout_rate=0.0)
-    gin.clear_config()
-    return config
+    return gin_utils.t5_config([MODEL_GINS[name]], vocab_size=vocab_size, dtype=dtype, dropout_rate=0.0)
 
 
 class ModelDecoder:

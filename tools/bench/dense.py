@@ -38,14 +38,12 @@ import time
 from collections.abc import Sequence
 from typing import Any, Optional
 
-import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from gr_jax import entry_point
 from gr_jax import gin_utils
-from gr_jax import network
 from gr_jax import partitioning
 from gr_jax.dense import index as index_lib
 from gr_jax.dense.model import DOCUMENT, DualEncoderConfig, DualEncoderModel
@@ -66,11 +64,8 @@ def _device_fields() -> dict:
 
 def t5_tower(*, config_path: str, vocab_size: int, dtype: str = "float32") -> T5EncoderTower:
     """The T5.1.1 encoder tower of a size gin (dimensions only), as the training entry points build the config."""
-    gin.clear_config()
-    gin_utils.parse_gin(gin_files=[config_path], bindings=[])
-    config = gin.get_configurable(network.T5Config)(vocab_size=vocab_size, dtype=dtype, dropout_rate=0.0)
-    gin.clear_config()
-    return T5EncoderTower(config=config)
+    return T5EncoderTower(config=gin_utils.t5_config([config_path], vocab_size=vocab_size, dtype=dtype,
+                                                     dropout_rate=0.0))
 
 
 def minilm_vocab_size() -> int:

@@ -14,7 +14,6 @@ import json
 import statistics
 import time
 
-import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -120,9 +119,8 @@ def main(argv=None) -> None:
     parser.add_argument("--probe_size", type=int, default=2048)
     parser.add_argument("--probe_dtype", default="float32", help="bfloat16 on accelerators: their peak is bf16")
     args = parser.parse_args(argv)
-    gin_utils.parse_gin(gin_files=[args.config], bindings=[])
-    config = gin.get_configurable(network.T5Config)(
-        vocab_size=args.vocab, dtype=args.dtype, param_dtype=args.param_dtype, dropout_rate=0.1,
+    config = gin_utils.t5_config(
+        [args.config], vocab_size=args.vocab, dtype=args.dtype, param_dtype=args.param_dtype, dropout_rate=0.1,
         dropout_broadcast_dims=tuple(int(axis) for axis in args.dropout_broadcast_dims.split(",") if axis.strip()))
     print(json.dumps(run(config=config, batch=args.batch, inputs=args.inputs, targets=args.targets,
                          steps=args.steps, optimizer=args.optimizer, probe_size=args.probe_size,
