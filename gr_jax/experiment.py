@@ -146,15 +146,17 @@ class Doc2QueryData(SeqioExamplesData):
 
 def build_model(*, config: network.T5Config, model_vocab_size: int, loss: losses.Loss = losses.TokenCrossEntropy(),
                 docid_token_range: Optional[tuple[int, int]] = None) -> EncoderDecoderModel:
-    """The model of a run: its vocabulary sized to `model_vocab_size` ids (rounded up to a multiple of 128) unless gin
-    fixed it, in which case a too-small size is an error; and its head given the docid token range [start, stop)
-    (`DocidSpace.docid_token_range`) where it needs one and gin left it unset."""
+    """The model of a run: its head given the docid token range [start, stop) (`DocidSpace.docid_token_range`) where
+    it needs one and gin left it unset; its input embedding sized to the ids the head embeds out of the run's
+    `model_vocab_size` (`OutputHead.embedded_vocab_size`: all of them, or for atomic docids only the text's), rounded
+    up to a multiple of 128, unless gin fixed it, in which case a too-small size is an error."""
     config = config.head.with_docid_range(config, docid_token_range)
+    embedded = config.head.embedded_vocab_size(config, model_vocab_size=model_vocab_size)
     if config.vocab_size is None:
-        config = config.with_vocab_size(model_vocab_size)
-    elif config.vocab_size < model_vocab_size:
-        raise ValueError(f"T5Config.vocab_size={config.vocab_size} is smaller than the {model_vocab_size} token ids "
-                         f"the vocabulary and docids need")
+        config = config.with_vocab_size(embedded)
+    elif config.vocab_size < embedded:
+        raise ValueError(f"T5Config.vocab_size={config.vocab_size} is smaller than the {embedded} token ids "
+                         f"the vocabulary and docids need (decoder_head={config.decoder_head!r})")
     return EncoderDecoderModel(config=config, loss=loss)
 
 

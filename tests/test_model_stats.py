@@ -1,6 +1,8 @@
 """gr_jax.tools.model_stats (the study's Table 4): parameter counts by hand, FLOPs against a count of the matmuls."""
 import dataclasses
+import math
 
+import jax
 import pytest
 
 from gr_jax import network
@@ -115,3 +117,35 @@ def test_unknown_rows_are_refused(capsys):
     with pytest.raises(SystemExit):
         model_stats.main(["--tiny", "--rows", "tiny_nothing"])
     assert "unknown row(s) ['tiny_nothing']" in capsys.readouterr().err
+
+
+def test_models_built_for_the_study_rows_have_table_4_parameter_counts():
+    """What `experiment.build_model` makes of each row's size gin and the docid space of its MS MARCO task (the run's
+    token ids [0, model_vocab_size) and docid tokens) has the row's parameter count. The atomic head embeds only the
+    text's 32,128 ids: an input embedding over its 8.8M docid tokens would give 13.8B parameters, not 7.0B."""
+    from gr_jax import experiment
+    for row in model_stats.study_rows(naive_length=8, semantic2d_length=8):
+        head = row.config.decoder_head
+        docid_tokens = row.config.docid_vocab_size if head in ("atomic", "pawa") else 0
+        size = {768: "base", 1024: "large", 2048: "xl", 4096: "xxl"}[row.config.emb_dim]
+        config = dataclasses.replace(model_stats.size_config(size), decoder_head=head, dropout_rate=0.0)
+        model = experiment.build_model(
+            config=config, model_vocab_size=model_stats.T5_SPM_SIZE + docid_tokens,
+            docid_token_range=(model_stats.T5_SPM_SIZE, model_stats.T5_SPM_SIZE + docid_tokens) if docid_tokens else None)
+        built = sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(model_stats.abstract_params(model.config)))
+        assert built == model_stats.param_count(row.config), row.key
+    atomic = model_stats.study_rows(naive_length=8, semantic2d_length=8)[0]
+    assert atomic.key == "base_atomic" and model_stats.param_count(atomic.config) < 7.1e9
+
+
+def test_atomic_model_embeds_only_the_text_vocabulary():
+    from gr_jax import experiment
+    config = dataclasses.replace(model_stats.tiny_rows()[1].config, vocab_size=None, decoder_head="atomic")
+    model = experiment.build_model(config=config, model_vocab_size=300 + 1000, docid_token_range=(300, 1300))
+    assert model.config.vocab_size == 384  # 300 text ids rounded up to 128, not 1,300
+    assert model.config.logits_vocab_size == 1300
+    fixed = dataclasses.replace(config, vocab_size=256)
+    with pytest.raises(ValueError, match="smaller than the 300 token ids"):
+        experiment.build_model(config=fixed, model_vocab_size=1300, docid_token_range=(300, 1300))
+    naive = dataclasses.replace(config, decoder_head="standard")
+    assert experiment.build_model(config=naive, model_vocab_size=1300).config.vocab_size == 1408

@@ -48,6 +48,15 @@ class AtomicHead(OverDocidTokens, OutputHead):
         return config.output_vocab_size
 
     @classmethod
+    def embedded_vocab_size(cls, config, *, model_vocab_size):
+        """Only the ids below the docid tokens: a docid token is never an input (`teacher_forced_inputs` keeps the
+        start position, `step_inputs` feeds PAD after it), so T5-Base with 8.8M atomic docids embeds T5's 32,128
+        ids (Table 4's 7.0B parameters), not a second 8.8M-row matrix."""
+        cls.require_docid_range(config)
+        del model_vocab_size
+        return config.docid_vocab_start
+
+    @classmethod
     def shares_input_vocabulary(cls, config):
         return False  # the docid columns replace the output layer: nothing pretrained to copy
 

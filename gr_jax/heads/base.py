@@ -70,6 +70,13 @@ class OutputHead(nn.Module):
         return 0
 
     @classmethod
+    def embedded_vocab_size(cls, config: T5Config, *, model_vocab_size: int) -> int:
+        """How many token ids the input embedding must cover when the run's tokens are [0, model_vocab_size): all of
+        them by default (docid tokens are decoder inputs). The model builder sizes `T5Config.vocab_size` from it."""
+        del config
+        return model_vocab_size
+
+    @classmethod
     def shares_input_vocabulary(cls, config: T5Config) -> bool:
         """Whether `logits_dense` indexes the embedding's tokens, so a pretrained lm_head's rows fill it."""
         return cls.logits_vocab_size(config) == config.vocab_size
