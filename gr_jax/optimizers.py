@@ -6,13 +6,19 @@ rate; all start their linear warm-up at 0, so the very first update is a no-op, 
 """
 from __future__ import annotations
 
+import dataclasses
+import math
 import re
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
+import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
+from flax import linen as nn
+from flax.core import meta
 
 OPTIMIZERS = ("adafactor", "adamw")
 
@@ -71,6 +77,114 @@ def decay_matrices_only(params: Any) -> Any:
     return jax.tree.map(lambda p: jnp.ndim(p) >= 2, params)
 
 
+# How Adafactor factors a second moment along each logical axis (t5x's `adafactor.standard_logical_factor_rules`):
+# 'row' and 'column' dimensions become the rows and columns of the factored matrix, 'batch' dimensions (scanned
+# layers) keep separate statistics, 'none' leaves the parameter unfactored.
+ADAFACTOR_FACTOR_RULES: Mapping[str, str] = {
+    "embed": "row", "vocab": "column", "mlp": "column", "heads": "column", "kv": "column",
+    "relpos_buckets": "none", "layers": "batch"}
+FACTOR_DIMS = ("row", "column", "batch", "none")
+
+
+@dataclasses.dataclass(frozen=True)
+class MatrixView:
+    """How the factored stage sees one parameter: transposed by `permutation` and reshaped to `shape`
+    ([*batch dims, rows, columns], or flat [size] to keep it unfactored). `shape=None` leaves it as it is."""
+    permutation: tuple[int, ...] = ()
+    shape: Optional[tuple[int, ...]] = None
+
+    def to_view(self, x):
+        return x if self.shape is None else jnp.transpose(x, self.permutation).reshape(self.shape)
+
+    def from_view(self, x, *, like_shape: tuple[int, ...]):
+        if self.shape is None:
+            return x
+        return jnp.transpose(x.reshape([like_shape[i] for i in self.permutation]), np.argsort(self.permutation))
+
+
+def matrix_view(*, path: str, names: tuple, shape: tuple[int, ...], rules: Mapping[str, str],
+                min_dim_size_to_factor: Optional[int]) -> MatrixView:
+    """The `MatrixView` of a parameter with logical axis `names` (see `ADAFACTOR_FACTOR_RULES`)."""
+    dims = []
+    for name in names:
+        if name not in rules:
+            raise ValueError(f"{path}: logical axis {name!r} (of {names}) has no Adafactor factoring rule; add it to "
+                             f"factor_rules {dict(rules)}")
+        if rules[name] not in FACTOR_DIMS:
+            raise ValueError(f"factor_rules[{name!r}] = {rules[name]!r}: use one of {FACTOR_DIMS}")
+        dims.append(rules[name])
+    rows = [i for i, d in enumerate(dims) if d == "row"]
+    columns = [i for i, d in enumerate(dims) if d == "column"]
+    batch = [i for i, d in enumerate(dims) if d == "batch"]
+    if len(shape) < 2:
+        return MatrixView()  # optax never factors a vector
+    if not rows or not columns or "none" in dims:
+        return MatrixView(permutation=tuple(range(len(shape))), shape=(math.prod(shape),))
+    permutation = (*batch, *rows, *columns)
+    view = (*[shape[i] for i in batch], math.prod(shape[i] for i in rows), math.prod(shape[i] for i in columns))
+    if min_dim_size_to_factor is not None and min(view[-2:]) >= min_dim_size_to_factor and batch \
+            and max(view[:-2]) >= min(view[-2:]):
+        # optax factors over the two largest dimensions: a batch dimension must not be one of them.
+        raise ValueError(f"{path}: batch dimension(s) {view[:-2]} not smaller than the factored matrix {view[-2:]}")
+    if permutation == tuple(range(len(shape))) and view == tuple(shape):
+        return MatrixView()
+    return MatrixView(permutation=permutation, shape=view)
+
+
+@flax.struct.dataclass
+class ViewedState:
+    inner: Any
+    views: Any = flax.struct.field(pytree_node=False)  # a tuple of MatrixView per parameter leaf (static)
+
+
+def factor_by_logical_axes(inner: optax.GradientTransformation, *, rules: Mapping[str, str],
+                           min_dim_size_to_factor: Optional[int]) -> optax.GradientTransformation:
+    """`inner` (optax's factored second moments) applied to each parameter seen as the matrix its logical axes make.
+
+    The axis names are read when `init` gets the boxed parameters (`nn.with_logical_partitioning`, as the
+    `Trainer` initialises); the views are kept in the state's static tree structure, so the jitted, restored and
+    resharded state carries them. Leaves without names keep their shape (optax's rule). `min_dim_size_to_factor`
+    (None: not factored) only serves a check that batch dimensions are not factored over.
+    """
+    def views_of(params) -> tuple:
+        leaves = jax.tree_util.tree_leaves_with_path(params, is_leaf=is_box)
+        views = []
+        for path, leaf in leaves:
+            if isinstance(leaf, nn.LogicallyPartitioned):
+                views.append(matrix_view(path=jax.tree_util.keystr(path), names=tuple(leaf.names),
+                                         shape=tuple(np.shape(leaf.value)), rules=rules,
+                                         min_dim_size_to_factor=min_dim_size_to_factor))
+            else:
+                views.append(MatrixView())
+        return tuple(views)
+
+    def is_box(x) -> bool:
+        return isinstance(x, meta.AxisMetadata)
+
+    def apply_views(tree, views):
+        """The leaves (boxes unboxed where viewed: a view's rank differs from the box's names) seen as `views`."""
+        leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=is_box)
+        if len(leaves) != len(views):
+            raise ValueError(f"the optimizer state has views of {len(views)} parameters, got {len(leaves)}")
+        viewed = [leaf if view.shape is None else view.to_view(leaf.value if is_box(leaf) else leaf)
+                  for leaf, view in zip(leaves, views)]
+        return jax.tree_util.tree_unflatten(treedef, viewed)
+
+    def init(params):
+        views = views_of(params)
+        return ViewedState(inner=inner.init(apply_views(params, views)), views=views)
+
+    def update(updates, state, params=None):
+        viewed_params = None if params is None else apply_views(params, state.views)
+        viewed, inner_state = inner.update(apply_views(updates, state.views), state.inner, viewed_params)
+        leaves, treedef = jax.tree_util.tree_flatten(updates)
+        out = [view.from_view(u, like_shape=np.shape(leaf)) for u, leaf, view
+               in zip(jax.tree_util.tree_leaves(viewed), leaves, state.views)]
+        return jax.tree_util.tree_unflatten(treedef, out), ViewedState(inner=inner_state, views=state.views)
+
+    return optax.GradientTransformation(init, update)
+
+
 def make_optimizer(
     *,
     name: str = "adafactor",
@@ -83,6 +197,7 @@ def make_optimizer(
     multiply_by_parameter_scale: bool = True,
     factored: bool = True,
     min_dim_size_to_factor: int = 128,
+    factor_rules: Optional[Mapping[str, str]] = ADAFACTOR_FACTOR_RULES,
     # AdamW.
     b1: float = 0.9,
     b2: float = 0.999,
@@ -96,6 +211,11 @@ def make_optimizer(
     at RMS 1.0, no momentum, and `multiply_by_parameter_scale=True` (t5x's default, which the T5
     paper's constant 1e-3 fine-tuning rate assumes: the step is relative to each parameter block's
     RMS, floored at 1e-3; set False to make `learning_rate` an absolute step size).
+    Which dimensions a second moment is factored over comes from the parameters' logical axis names, as t5x's
+    `factor_map` (`factor_rules`, see `factor_by_logical_axes`): an attention kernel [embed, heads, kv] is factored
+    as the matrix [embed, heads * kv] although its trailing dimension (64) is below `min_dim_size_to_factor`,
+    which optax's shape rule would leave unfactored (4.8B extra floats at XXL). Parameters without names (plain
+    Flax modules, or `init` called on unboxed arrays) and `factor_rules=None` keep optax's rule.
     `weight_decay` there is t5x's `weight_decay_rate`: `param -= weight_decay * param` every step,
     not scaled by the learning rate.
 
@@ -115,16 +235,22 @@ def make_optimizer(
     if clip_norm is not None and not clip_norm > 0:
         raise ValueError(f"clip_norm must be > 0 or None, got {clip_norm}")
     if name == "adafactor":
-        optimizer = optax.adafactor(
-            learning_rate=learning_rate,
-            min_dim_size_to_factor=min_dim_size_to_factor,
-            decay_rate=decay_rate,
-            multiply_by_parameter_scale=multiply_by_parameter_scale,
-            clipping_threshold=clipping_threshold,
-            factored=factored,
-            weight_decay_rate=weight_decay or None,
-            weight_decay_mask=weight_decay_mask,
-        )
+        # optax.adafactor's chain, with its first stage (the factored second moments) seeing each parameter as the
+        # matrix its logical axes make; the later stages are per block or per element, so they see the parameters.
+        second_moments = optax.scale_by_factored_rms(factored=factored, decay_rate=decay_rate,
+                                                     min_dim_size_to_factor=min_dim_size_to_factor)
+        if factor_rules is not None:
+            second_moments = factor_by_logical_axes(second_moments, rules=factor_rules,
+                                                    min_dim_size_to_factor=min_dim_size_to_factor if factored else None)
+        stages = [second_moments]
+        if clipping_threshold is not None:
+            stages.append(optax.clip_by_block_rms(clipping_threshold))
+        stages.append(optax.scale_by_learning_rate(learning_rate, flip_sign=False))
+        if multiply_by_parameter_scale:
+            stages.append(optax.scale_by_param_block_rms())
+        if weight_decay:
+            stages.append(optax.add_decayed_weights(weight_decay, mask=weight_decay_mask))
+        optimizer = optax.chain(*stages, optax.scale(-1.0))
     else:
         optimizer = optax.adamw(
             learning_rate=learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=weight_decay_mask

@@ -4,8 +4,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from flax import linen as nn
 
-from gr_jax import optimizers
+from gr_jax import optimizers, partitioning
 
 
 def _values(schedule, steps):
@@ -84,7 +85,7 @@ def test_adafactor_first_step_by_hand():
     np.testing.assert_allclose(np.asarray(new["kernel"]), 2.0 - lr * 2.0 - wd * 2.0, rtol=1e-6)
     np.testing.assert_allclose(np.asarray(new["scale"]), 2.0 + lr * 2.0, rtol=1e-6)
     state = tx.init(_params())
-    assert state[0].v_row["kernel"].shape == (128,) and state[0].v["kernel"].shape == (1,)  # factored
+    assert state[0].inner.v_row["kernel"].shape == (128,) and state[0].inner.v["kernel"].shape == (1,)  # factored
     # Without parameter scaling, lr is an absolute step.
     absolute = optimizers.make_optimizer(name="adafactor", learning_rate=lr, multiply_by_parameter_scale=False)
     np.testing.assert_allclose(np.asarray(_first_update(absolute, grads, _params())["kernel"]), 2.0 - lr, rtol=1e-6)
@@ -175,3 +176,108 @@ def test_bad_optimizer_arguments():
         optimizers.make_optimizer(learning_rate=1e-3, weight_decay=-1.0)
     with pytest.raises(ValueError, match="clip_norm"):
         optimizers.make_optimizer(learning_rate=1e-3, clip_norm=0.0)
+
+
+def _run(tx, params, grads_list):
+    # As the Trainer does: init sees the boxed parameters, the state and steps are unboxed.
+    state, updates_seen = partitioning.strip_boxes(tx.init(params)), []
+    params = partitioning.strip_boxes(params)
+    for grads in grads_list:
+        updates, state = tx.update(grads, state, params)
+        params = optax.apply_updates(params, updates)
+        updates_seen.append(updates)
+    return params, updates_seen, state
+
+
+def _random_grads(shapes, steps, seed=0):
+    rng = np.random.default_rng(seed)
+    return [{k: jnp.asarray(rng.normal(size=s), jnp.float32) for k, s in shapes.items()} for _ in range(steps)]
+
+
+def test_adafactor_chain_equals_optax_adafactor_without_axis_names():
+    """Unnamed parameters (plain arrays): the rebuilt chain is optax.adafactor, factored by its shape rule."""
+    shapes = {"kernel": (128, 256), "attention": (128, 4, 32), "scale": (128,)}
+    params = {k: jnp.asarray(np.random.default_rng(1).normal(size=s), jnp.float32) for k, s in shapes.items()}
+    grads = _random_grads(shapes, 4)
+    ours = optimizers.make_optimizer(name="adafactor", learning_rate=0.01, weight_decay=0.1)
+    reference = optax.adafactor(learning_rate=0.01, weight_decay_rate=0.1,
+                                weight_decay_mask=optimizers.decay_matrices_only)
+    for a, b in zip(jax.tree.leaves(_run(ours, params, grads)[0]), jax.tree.leaves(_run(reference, params, grads)[0])):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
+
+
+def test_adafactor_factors_by_logical_axes_as_the_matrix_they_make():
+    """Named parameters are factored as t5x's rules say: an attention kernel [embed, heads, kv] with kv=32 < 128
+    (unfactored by optax's shape rule) is factored as [embed, heads * kv]; [heads, kv, embed] as its transpose; a
+    scanned kernel [layers, embed, mlp] keeps statistics per layer; relative position tables stay unfactored. Each
+    update equals optax.adafactor applied to that explicit matrix."""
+    d, h, k, m, layers = 128, 4, 32, 256, 3
+    axes = {"query": ("embed", "heads", "kv"), "out": ("heads", "kv", "embed"), "scanned": ("layers", "embed", "mlp"),
+            "relpos": ("heads", "relpos_buckets"), "scale": ("embed",)}
+    shapes = {"query": (d, h, k), "out": (h, k, d), "scanned": (layers, d, m), "relpos": (h, 32), "scale": (d,)}
+    rng = np.random.default_rng(2)
+    plain = {n: jnp.asarray(rng.normal(size=s), jnp.float32) for n, s in shapes.items()}
+    boxed = {n: nn.LogicallyPartitioned(v, names=axes[n]) for n, v in plain.items()}
+    grads = _random_grads(shapes, 3, seed=3)
+    tx = optimizers.make_optimizer(name="adafactor", learning_rate=0.01)
+    new, _, state = _run(tx, boxed, grads)
+    inner = state[0].inner
+    assert inner.v_row["query"].shape == (d,) and inner.v_col["query"].shape == (h * k,)
+    assert inner.v_row["out"].shape == (d,) and inner.v_col["out"].shape == (h * k,)
+    assert inner.v_row["scanned"].shape == (layers, d) and inner.v_col["scanned"].shape == (layers, m)
+    assert inner.v["relpos"].shape == (h * 32,) and inner.v["scale"].shape == (d,)
+
+    def as_matrix(name, x):
+        return {"query": lambda a: a.reshape(d, h * k), "out": lambda a: a.reshape(h * k, d).T,
+                "scanned": lambda a: a, "relpos": lambda a: a.reshape(-1), "scale": lambda a: a}[name](x)
+    reference = optax.adafactor(learning_rate=0.01)
+    matrices = {n: as_matrix(n, v) for n, v in plain.items()}
+    expected, _, _ = _run(reference, matrices, [{n: as_matrix(n, g) for n, g in step.items()} for step in grads])
+    for name in shapes:
+        if name == "scanned":  # optax factors a 3-D array over its two largest dims, per layer: the same statistics
+            continue
+        np.testing.assert_allclose(np.asarray(as_matrix(name, new[name])), np.asarray(expected[name]), rtol=1e-6,
+                                   atol=1e-7, err_msg=name)
+    # Clipping and parameter scale act on the whole leaf, so compare the scanned kernel's second moments: each
+    # layer's equal those of its own matrix.
+    for i in range(layers):
+        _, _, layer_state = _run(optax.adafactor(learning_rate=0.01), {"w": plain["scanned"][i]},
+                                 [{"w": g["scanned"][i]} for g in grads])
+        np.testing.assert_allclose(np.asarray(inner.v_row["scanned"][i]), np.asarray(layer_state[0].v_row["w"]),
+                                   rtol=1e-6)
+        np.testing.assert_allclose(np.asarray(inner.v_col["scanned"][i]), np.asarray(layer_state[0].v_col["w"]),
+                                   rtol=1e-6)
+
+
+def test_adafactor_factoring_rules_are_checked():
+    boxed = {"w": nn.LogicallyPartitioned(jnp.zeros((128, 128)), names=("embed", "unknown_axis"))}
+    with pytest.raises(ValueError, match="'unknown_axis'.*no Adafactor factoring rule"):
+        optimizers.make_optimizer(learning_rate=0.01).init(boxed)
+    too_many_layers = {"w": nn.LogicallyPartitioned(jnp.zeros((256, 128, 128)), names=("layers", "embed", "mlp"))}
+    with pytest.raises(ValueError, match="batch dimension"):
+        optimizers.make_optimizer(learning_rate=0.01).init(too_many_layers)
+    # factor_rules=None: optax's shape rule leaves the 3-D attention kernel unfactored.
+    kernel = {"w": nn.LogicallyPartitioned(jnp.zeros((128, 4, 32)), names=("embed", "heads", "kv"))}
+    assert optimizers.make_optimizer(learning_rate=0.01, factor_rules=None).init(kernel)[0].v["w"].value.shape == (128, 4, 32)
+
+
+def test_trainer_state_factors_every_attention_kernel():
+    """Through the Trainer (init on the boxed parameters): no second moment of a T5 attention kernel [embed, heads,
+    kv=64] is kept whole; optax's shape rule alone kept all 16 of this model's (kv 64 < 128), and its state held
+    a float per parameter for them."""
+    from gr_jax import network
+    from gr_jax.models import EncoderDecoderModel
+    from gr_jax.trainer import Trainer
+    config = network.T5Config(vocab_size=256, emb_dim=128, num_heads=2, head_dim=64, mlp_dim=256,
+                              num_encoder_layers=1, num_decoder_layers=1, dropout_rate=0.0)
+
+    def opt_state_floats(**kwargs) -> tuple[int, int]:
+        trainer = Trainer(model=EncoderDecoderModel(config=config), mesh=partitioning.make_mesh(data=-1, model=1),
+                          optimizer=optimizers.make_optimizer(learning_rate=1e-3, **kwargs), input_length=8,
+                          target_length=4, batch_size=8)
+        full = [leaf for leaf in jax.tree.leaves(trainer.abstract_state.opt_state) if leaf.shape in ((128, 2, 64), (2, 64, 128))]
+        return len(full), sum(leaf.size for leaf in jax.tree.leaves(trainer.abstract_state.opt_state))
+
+    by_axes, by_shape = opt_state_floats(), opt_state_floats(factor_rules=None)
+    assert by_axes[0] == 0 and by_shape[0] == 4 * 3  # q, k, v, o of 2 self- and 1 cross-attention
+    assert by_axes[1] < by_shape[1] / 10
