@@ -23,6 +23,7 @@ class FakeRunner:
 
     def __init__(self):
         self.calls = []
+        self.steps = {}  # (module, size, fraction) -> the step it trained to or measured at
 
     def __call__(self, argv, log_path, timeout):
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -33,6 +34,7 @@ class FakeRunner:
             size = next(a for a in argv if "models/t5_1_1/" in a).rsplit("/", 1)[1][:-4]
             fraction = int(eval(bindings["DATASET_NAME"]).rsplit("_q", 1)[1]) / 100
             self.calls.append(("train", size, fraction))
+            self.steps["train", size, fraction] = int(bindings["TRAIN_STEPS"])
             model_dir.mkdir(parents=True, exist_ok=True)
             (model_dir / "cell.json").unlink(missing_ok=True)
             (model_dir / "fake.json").write_text(json.dumps({"size": size, "fraction": fraction}))
@@ -44,6 +46,7 @@ class FakeRunner:
         cell = json.loads((model_dir / "fake.json").read_text())
         if module == "gr_jax.cgl":
             self.calls.append(("cgl", cell["size"], cell["fraction"]))
+            self.steps["cgl", cell["size"], cell["fraction"]] = int(bindings["CGL_STEP"])
             negatives = int(bindings["CGL_NEGATIVES"])
             result = {"cgl": self.cgl(cell["size"], cell["fraction"]), "chance": 1 / negatives,
                       "settings": {"num_negatives": negatives}}
@@ -53,6 +56,7 @@ class FakeRunner:
         assert module == "gr_jax.eval"
         beams = int(bindings["training.EvalConfig.num_beams"])
         self.calls.append(("eval", cell["size"], cell["fraction"], beams))
+        self.steps["eval", cell["size"], cell["fraction"]] = int(bindings["training.evaluate.step"])
         miss = (BEAM_LAW[0] / flops(model_dir, beams)) ** BEAM_LAW[1] + BEAM_LAW[2]
         log_path.write_text(json.dumps({"MRR@10": 1 - miss, "Recall@5": 1 - miss, "Recall@20": 1 - miss / 2,
                                         "Recall@100": 1 - miss / 4}) + "\n")
@@ -110,6 +114,26 @@ def test_the_grid_trains_measures_and_fits_the_planted_laws(tmp_path):
     scaling_study.main(args, runner=again, preflight=lambda **_: {"firstp_labeled"}, flops=flops,
                        params=PARAMS.__getitem__)
     assert again.calls == []
+
+
+def test_steps_grow_with_the_data_fraction(tmp_path):
+    """--steps_with_data: each cell trains round(fraction x steps) steps, and its CGL and beam sweep read that step."""
+    args = ["--data_dir", str(FIXTURES / "tasks"), "--out_dir", str(tmp_path / "scaling"), "--sizes", "p100k,tiny",
+            "--fractions", "0.25,0.5,1.0", "--steps", "40", "--steps_with_data", "--beams", "1,2",
+            "--cgl_negatives", "16"]
+    runner = FakeRunner()
+    results = scaling_study.main(args, runner=runner, preflight=lambda **_: {"firstp_labeled"}, flops=flops,
+                                 params=PARAMS.__getitem__)
+    expected = {0.25: 10, 0.5: 20, 1.0: 40}
+    assert {k: v for k, v in runner.steps.items() if k[0] in ("train", "cgl")} == {
+        (module, size, f): expected[f] for module in ("train", "cgl") for size in ("p100k", "tiny") for f in expected}
+    assert runner.steps["eval", "tiny", 1.0] == 40
+    assert {(c["fraction"], c["steps"]) for c in results["cells"]} == set(expected.items())
+    assert "round(fraction x 40) steps" in (tmp_path / "scaling" / "scaling.md").read_text()
+    again = FakeRunner()
+    scaling_study.main([*args, "--analyse_only"], runner=again, preflight=lambda **_: {"firstp_labeled"},
+                       flops=flops, params=PARAMS.__getitem__)
+    assert not [c for c in again.calls if c[0] == "train"]
 
 
 def test_bad_arguments_are_refused(tmp_path):

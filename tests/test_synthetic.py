@@ -47,6 +47,16 @@ def test_topic_corpora_are_nested_and_queries_come_from_their_document(tmp_path)
         assert dev[qid] != train["t" + qid[1:]]
     with pytest.raises(FileExistsError):
         synthetic.topics_corpus(out_dir=str(tmp_path / "small"), num_docs=30, num_topics=4)
+    # Several training queries per document: the first ones, the dev queries and the documents are unchanged.
+    synthetic.topics_corpus(out_dir=str(tmp_path / "many"), num_docs=30, num_topics=4, dev_fraction=0.5,
+                            train_queries=4)
+    many = open_dataset(tmp_path / "many")
+    many_train, many_qrels = dict(many.queries("train")), many.qrels("train")
+    assert list(many.collection()) == list(small.collection()) and dict(many.queries("dev")) == dev
+    assert len(many_train) == 120 and all(many_train[qid] == text for qid, text in train.items())
+    for i in range(30):
+        own = [many_train[f"t{i}"], *(many_train[f"t{i}_{j}"] for j in (1, 2, 3))]
+        assert all(set(many_qrels[f"t{i}_{j}"]) == {f"doc{i}"} for j in (1, 2, 3)) and len(set(own)) > 1
 
 
 def test_free_embedding_recall_reaches_what_rank_r_allows():

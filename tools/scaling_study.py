@@ -2,13 +2,16 @@
 
     python -m gr_jax.tools.scaling_study --data_dir data/wordnet_nouns --out_dir runs/scaling \\
         --sizes p100k,p800k,p2m,tiny,p16m --fractions 0.2,0.4,0.6,0.8,1.0 --steps 1500 --row 2a --scheme naive \\
-        [--cgl_negatives 256] [--beams 1,5,10,20,50,100] [--split dev] [--gin_file F] [--gin.KEY=VALUE ...]
+        [--steps_with_data] [--cgl_negatives 256] [--beams 1,5,10,20,50,100] [--split dev] [--gin_file F] \\
+        [--gin.KEY=VALUE ...]
 
 1. Data: one data dir per fraction under `{out_dir}/data/` (`gr_jax.tools.train_fraction`: nested seeded subsets
    of the training queries; the documents, docids and evaluation queries are the same in all).
 2. Cells: per size, `gr_jax.tools.run_study` over the fraction dirs (one `gr_jax.train` process per cell, the size
    gin `models/t5_1_1/{size}.gin`, resumable per cell, no baselines) into `{out_dir}/cells/{size}/`; each cell
-   ends with its retrieval metrics on `--split`.
+   ends with its retrieval metrics on `--split`. Every cell trains `--steps` steps, or with `--steps_with_data`
+   round(fraction x `--steps`): the same number of passes over the labeled pairs at every fraction, as the paper's
+   data law (one epoch over D) assumes.
 3. CGL: `python -m gr_jax.cgl` per finished cell (`--cgl_negatives` sampled negatives), cached in the cell dir.
 4. Laws (`gr_jax.scaling.laws`): CGL against non-embedding parameters P at the largest fraction (Eq. 6), against
    training pairs D at the largest size (Eq. 7), and jointly over every cell (Eq. 8); the monotonicity of CGL in P
@@ -80,6 +83,7 @@ class ScalingStudy:
     sizes: Sequence[str]
     fractions: Sequence[float]
     steps: int
+    steps_with_data: bool = False
     row: str = "2a"
     scheme: str = "naive"
     split: str = "dev"
@@ -94,6 +98,10 @@ class ScalingStudy:
     flops: FlopsCounter = count_flops
     params: ParamCounter = count_params
     python: str = sys.executable
+
+    def cell_steps(self, fraction: float) -> int:
+        """The training steps of a cell at `fraction` (see `steps_with_data`)."""
+        return max(1, round(self.steps * fraction)) if self.steps_with_data else self.steps
 
     def fraction_dirs(self) -> list[tuple[float, pathlib.Path, int]]:
         """(fraction, data dir, training pairs D) per fraction, written on the first call."""
@@ -115,33 +123,40 @@ class ScalingStudy:
                 for fraction, directory, pairs in fraction_dirs:
                     saved = run_study._read_json(self.out_dir / "cells" / size / directory.name / f"{self.row}."
                                                  f"{self.scheme}" / "cell.json")
-                    if saved and saved.get("status") == "ok" and saved.get("steps") == self.steps:
+                    steps = self.cell_steps(fraction)
+                    if saved and saved.get("status") == "ok" and saved.get("steps") == steps:
                         cells.append({"size": size, "params": self.params(size), "fraction": fraction,
-                                      "pairs": pairs, **{k: saved.get(k) for k in ("status", "metrics", "reason",
-                                                                                     "model_dir")}})
+                                      "pairs": pairs, "steps": steps, **{k: saved.get(k) for k in (
+                                          "status", "metrics", "reason", "model_dir")}})
                 continue
-            study = run_study.Study(
-                datasets=[run_study.Dataset(run_study.default_dataset_name(d), d) for _, d, _ in fraction_dirs],
-                rows=[run_study.parse_row(self.row)], schemes=[self.scheme], size=size, steps=self.steps,
-                out_dir=self.out_dir / "cells" / size, gin_files=self.gin_files, bindings=self.bindings,
-                split=self.split, baselines=False, runner=self.runner, preflight=self.preflight,
-                python=self.python)
-            results = study.run()
-            for (fraction, _, pairs), cell in zip(fraction_dirs, results["cells"]):
-                cells.append({"size": size, "params": self.params(size), "fraction": fraction, "pairs": pairs,
-                              **{k: cell.get(k) for k in ("status", "metrics", "reason", "model_dir")}})
+            # One study per number of steps: all fractions together, or each fraction alone with its own.
+            groups: dict[int, list[tuple[float, pathlib.Path, int]]] = {}
+            for item in fraction_dirs:
+                groups.setdefault(self.cell_steps(item[0]), []).append(item)
+            for steps, group in groups.items():
+                study = run_study.Study(
+                    datasets=[run_study.Dataset(run_study.default_dataset_name(d), d) for _, d, _ in group],
+                    rows=[run_study.parse_row(self.row)], schemes=[self.scheme], size=size, steps=steps,
+                    out_dir=self.out_dir / "cells" / size, gin_files=self.gin_files, bindings=self.bindings,
+                    split=self.split, baselines=False, runner=self.runner, preflight=self.preflight,
+                    python=self.python)
+                results = study.run()
+                for (fraction, _, pairs), cell in zip(group, results["cells"]):
+                    cells.append({"size": size, "params": self.params(size), "fraction": fraction, "pairs": pairs,
+                                  "steps": steps, **{k: cell.get(k) for k in ("status", "metrics", "reason",
+                                                                                 "model_dir")}})
         return cells
 
     def cgl(self, cell: dict[str, Any]) -> Optional[dict[str, Any]]:
         """The cell's CGL (`python -m gr_jax.cgl`), reused when measured with the same settings."""
         model_dir = pathlib.Path(cell["model_dir"])
-        path = model_dir / f"cgl.{self.split}.{self.steps}.json"
+        path = model_dir / f"cgl.{self.split}.{cell['steps']}.json"
         saved = run_study._read_json(path)
         if saved and saved.get("settings", {}).get("num_negatives") == self.cgl_negatives:
             return saved
         argv = [self.python, "-m", "gr_jax.cgl", f"--gin_file={model_dir / 'config.gin'}",
                 f"--gin_bindings=CGL_SPLIT = {self.split!r}", f"--gin_bindings=CGL_NEGATIVES = {self.cgl_negatives}",
-                f"--gin_bindings=CGL_STEP = {self.steps}"]
+                f"--gin_bindings=CGL_STEP = {cell['steps']}"]
         log = model_dir / "cgl.log"
         if self.runner(argv, log, None) != 0:
             logger.warning("CGL of %s failed: %s", model_dir, run_study.failure_reason(log, 1))
@@ -157,7 +172,7 @@ class ScalingStudy:
                     f"--gin_bindings=EVAL_SPLIT = {self.split!r}",
                     f"--gin_bindings=training.EvalConfig.num_beams = {beams}",
                     f"--gin_bindings=training.EvalConfig.ranking_depth = {beams}",
-                    f"--gin_bindings=training.evaluate.step = {self.steps}"]
+                    f"--gin_bindings=training.evaluate.step = {cell['steps']}"]
             log = model_dir / f"beams.{beams}.log"
             metrics = run_study._last_json_line(log) if log.is_file() else None
             if metrics is None:
@@ -183,7 +198,8 @@ class ScalingStudy:
                 cell["cgl_chance"] = None if measured is None else measured["chance"]
         measured = [c for c in cells if c["status"] == "ok" and c.get("cgl") is not None]
         results = {"settings": {"data_dir": str(self.data_dir), "sizes": list(self.sizes),
-                                "fractions": list(self.fractions), "steps": self.steps, "row": self.row,
+                                "fractions": list(self.fractions), "steps": self.steps,
+                                "steps_with_data": self.steps_with_data, "row": self.row,
                                 "scheme": self.scheme, "split": self.split, "cgl_negatives": self.cgl_negatives,
                                 "beams": list(self.beams), "gin_files": list(self.gin_files),
                                 "bindings": list(self.bindings), "seed": self.seed},
@@ -307,7 +323,9 @@ def _format(value) -> str:
 
 def format_markdown(results: dict[str, Any]) -> str:
     settings = results["settings"]
-    lines = [f"# Scaling study: row {settings['row']}, {settings['scheme']} ids, {settings['steps']} steps, "
+    steps = (f"round(fraction x {settings['steps']}) steps" if settings.get("steps_with_data")
+             else f"{settings['steps']} steps")
+    lines = [f"# Scaling study: row {settings['row']}, {settings['scheme']} ids, {steps}, "
              f"split {settings['split']}, CGL with {settings['cgl_negatives']} negatives", "",
              "| size | P (non-embedding) | fraction | D (pairs) | CGL | Recall@10 | MRR@10 |",
              "|---|---|---|---|---|---|---|"]
@@ -350,7 +368,9 @@ def main(argv: Optional[Sequence[str]] = None, *, runner: run_study.CommandRunne
     parser.add_argument("--out_dir", required=True)
     parser.add_argument("--sizes", required=True, help="comma-separated models/t5_1_1/{size}.gin names")
     parser.add_argument("--fractions", default="0.2,0.4,0.6,0.8,1.0")
-    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--steps", type=int, required=True, help="per cell (at fraction 1 with --steps_with_data)")
+    parser.add_argument("--steps_with_data", action="store_true",
+                        help="train round(fraction x --steps) steps per cell: equal passes over the labeled pairs")
     parser.add_argument("--row", default="2a", help="a study row (run_study)")
     parser.add_argument("--scheme", default="naive")
     parser.add_argument("--split", default="dev")
@@ -380,7 +400,7 @@ def main(argv: Optional[Sequence[str]] = None, *, runner: run_study.CommandRunne
         parser.error(str(e))
     entry_point.setup()
     study = ScalingStudy(data_dir=pathlib.Path(args.data_dir), out_dir=pathlib.Path(args.out_dir), sizes=sizes,
-                         fractions=fractions, steps=args.steps, row=args.row, scheme=args.scheme, split=args.split,
+                         fractions=fractions, steps=args.steps, steps_with_data=args.steps_with_data, row=args.row, scheme=args.scheme, split=args.split,
                          cgl_negatives=args.cgl_negatives, beams=beams, seed=args.seed,
                          analyse_only=args.analyse_only,
                          gin_files=[str(pathlib.Path(f).resolve()) if pathlib.Path(f).is_file() else f

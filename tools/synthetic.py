@@ -9,10 +9,12 @@
   matrix, whose rank is N, not whether it generalises. The JSON summary gives the matrix's spectral tail (Eq. 14).
 * `topics` (corpus-size sweeps): each document has a topic; its text is `--doc_words` words drawn from its topic's
   vocabulary (Zipf weights) mixed with `--background` common words; a query is `--query_words` distinct words of its
-  document plus one word of another topic. Every document gets one training query and `--dev_fraction` of them a
-  second, different dev query, so dev queries are in-distribution (every relevant document was seen in training, as
-  the paper's NQ setting requires). Nested: with one seed, the first N documents of a larger corpus are the
-  corpus of size N.
+  document plus one word of another topic. Every document gets `--train_queries` training queries (default 1) and
+  `--dev_fraction` of them a different dev query, so dev queries are in-distribution (every relevant document was
+  seen in training, as the paper's NQ setting requires; several training queries per document let a data-size
+  law show: `gr_jax.tools.train_fraction` then keeps a fraction of them). Nested: with one seed, the first N
+  documents of a larger corpus are the corpus of size N, and the first training queries of a document do not
+  depend on `--train_queries`.
 Both write collection.tsv, queries.{train,dev}.tsv and qrels.{train,dev}.tsv and print a JSON summary.
 """
 from __future__ import annotations
@@ -64,9 +66,10 @@ def pairs_corpus(*, out_dir: str, num_docs: int, num_queries: Optional[int] = No
 
 def topics_corpus(*, out_dir: str, num_docs: int, num_topics: int = 64, topic_words: int = 60,
                   background_words: int = 300, doc_words: int = 24, background: float = 0.3, query_words: int = 4,
-                  dev_fraction: float = 0.2, seed: int = 0) -> dict:
-    if num_docs < 2 or num_topics < 2 or not 0 < dev_fraction <= 1 or query_words > doc_words:
-        raise ValueError("need num_docs >= 2, num_topics >= 2, 0 < dev_fraction <= 1, query_words <= doc_words")
+                  dev_fraction: float = 0.2, train_queries: int = 1, seed: int = 0) -> dict:
+    if num_docs < 2 or num_topics < 2 or not 0 < dev_fraction <= 1 or query_words > doc_words or train_queries < 1:
+        raise ValueError("need num_docs >= 2, num_topics >= 2, 0 < dev_fraction <= 1, query_words <= doc_words, "
+                         "train_queries >= 1")
     vocabulary = np.random.default_rng([seed, 0])
     syllables = ["ka", "lo", "mi", "tu", "re", "sa", "no", "vi", "de", "po", "ga", "fe", "zu", "ri", "ba", "xo"]
 
@@ -95,6 +98,7 @@ def topics_corpus(*, out_dir: str, num_docs: int, num_topics: int = 64, topic_wo
         train.append((f"t{i}", query(), [f"doc{i}"]))
         if rng.random() < dev_fraction:
             dev.append((f"v{i}", query(), [f"doc{i}"]))
+        train.extend((f"t{i}_{j}", query(), [f"doc{i}"]) for j in range(1, train_queries))
     _write(pathlib.Path(out_dir), documents=documents, train=train, dev=dev)
     return {"out_dir": out_dir, "documents": num_docs, "topics": num_topics, "train_queries": len(train),
             "dev_queries": len(dev)}
@@ -115,6 +119,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     topics.add_argument("--doc_words", type=int, default=24)
     topics.add_argument("--query_words", type=int, default=4)
     topics.add_argument("--dev_fraction", type=float, default=0.2)
+    topics.add_argument("--train_queries", type=int, default=1, help="training queries per document")
     topics.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.corpus == "pairs":
@@ -122,7 +127,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                                              num_queries=args.num_queries, seed=args.seed))
     return run_tool(lambda: topics_corpus(out_dir=args.out_dir, num_docs=args.num_docs, num_topics=args.num_topics,
                                           doc_words=args.doc_words, query_words=args.query_words,
-                                          dev_fraction=args.dev_fraction, seed=args.seed))
+                                          dev_fraction=args.dev_fraction, train_queries=args.train_queries,
+                                          seed=args.seed))
 
 
 if __name__ == "__main__":
