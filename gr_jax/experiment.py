@@ -24,6 +24,7 @@ from gr_jax import partitioning
 from gr_jax import warm_start
 from gr_jax.data.readers import open_dataset
 from gr_jax.docids import DocidSpace
+from gr_jax.docids.identifiers import DocumentIdentifiers
 from gr_jax.evaluator import RetrievalEvaluator
 from gr_jax.models import EncoderDecoderModel
 from gr_jax.retrievers.generative import GenerativeRetriever
@@ -348,6 +349,12 @@ class Built(BuiltRun):
 
     def known_docids(self) -> Optional[Container[str]]:
         return None if self.docid_space is None else self.docid_space.table
+
+    def document_identifiers(self) -> DocumentIdentifiers:
+        """Every document and the docid-table rows that name it: one each, its docid."""
+        if self.docid_space is None:
+            raise ValueError(f"{self.experiment.dataset.mixture_name!r} has no docids")
+        return DocumentIdentifiers.one_each(self.docid_space.table)
 
     def collection_rows(self, docids: Sequence[str]) -> np.ndarray:
         """Each docid's row in the collection (-1: not a document of the run)."""

@@ -12,6 +12,7 @@ import pytest
 
 from gr_jax import network
 from gr_jax import partitioning
+from gr_jax.docids.identifiers import DocumentIdentifiers
 from gr_jax.docids.table import DocidTable
 from gr_jax.models import EncoderDecoderModel
 from gr_jax.scaling.cgl import (CglConfig, CglScorer, chance_level, contrastive_generation_loss,
@@ -111,6 +112,34 @@ def test_a_model_that_cannot_tell_identifiers_apart_scores_the_chance_level():
     random_losses = scorer.candidate_losses(trained, tokens, rows)
     assert not np.allclose(contrastive_generation_loss(random_losses[:, :3], rows[:, :3] >= 0, random_losses[:, 3:]),
                            chance_level(256), rtol=1e-3)
+
+
+def test_a_document_named_by_several_strings_scores_their_mean_loss():
+    """n-gram ids: a document's L(q, d) is the mean of L(q, I) over its identifier strings (Cai et al.'s code),
+    checked against scoring every (query, string) pair on its own; with one string each it is that string's."""
+    table = _table(20, np.random.default_rng(3))
+    run = _stand_in_run(table)
+    scorer = CglScorer(run, config=CglConfig(batch_size=2))
+    identifiers = DocumentIdentifiers.from_lists(["a", "b", "c", "d"], [np.array([0, 5, 7]), np.array([1]),
+                                                                        np.array([2, 3]), np.array([4, 8, 9, 10])])
+    rng = np.random.default_rng(4)
+    tokens = rng.integers(2, MICRO.vocab_size, size=(3, 6)).astype(np.int32)
+    documents = np.array([[0, 2, -1], [3, 1, 0], [2, -1, -1]])
+    params = run.trainer.init_state(jax.random.PRNGKey(0)).params
+    got = scorer.document_losses(params, tokens, documents, identifiers)
+    every_row = scorer.candidate_losses(params, tokens, np.tile(np.arange(20), (3, 1)))
+    for q in range(3):
+        for j, document in enumerate(documents[q]):
+            if document < 0:
+                assert np.isnan(got[q, j])
+            else:
+                expected = every_row[q, identifiers.rows_of(document)].mean()
+                np.testing.assert_allclose(got[q, j], expected, rtol=1e-6)
+    one_each = DocumentIdentifiers.one_each(table)
+    np.testing.assert_allclose(scorer.document_losses(params, tokens, np.tile(np.arange(20), (3, 1)), one_each),
+                               every_row, rtol=1e-6)
+    with pytest.raises(ValueError, match="needs an identifier string"):
+        DocumentIdentifiers.from_lists(["a", "b"], [np.array([0]), np.array([], np.int64)])
 
 
 def test_cgl_during_training_and_from_the_entry_point(spm_data_dir, tmp_path, capsys):

@@ -130,6 +130,13 @@ def test_a_micro_ngram_run(spm_data_dir, tmp_path):
                      "--gin.training.EvalConfig.ranking_depth=6"])
     final = json.loads((model_dir / "final_metrics.json").read_text())
     assert np.isfinite(final["train/loss"]) and 0 <= final["eval/Recall@5"] <= 1
+    # CGL over documents named by their span windows (the mean loss over each document's distinct windows).
+    from gr_jax import cgl as cgl_main
+    gin.clear_config()
+    cgl_main.main(["--gin_file", str(model_dir / "config.gin"), "--gin.CGL_SPLIT='dev'", "--gin.CGL_NEGATIVES=4"])
+    result = json.loads((model_dir / "cgl.dev.2.json").read_text())
+    assert result["identifier_strings_per_document"]["mean"] > 1 and result["num_queries"] > 0
+    assert 0 < result["cgl"] < 1
     with pytest.raises(SystemExit, match="ngrams.w7.npz"):
         gin.clear_config()
         train_main.main(["--gin_file=runs/train.gin", "--gin_file=ngrams/train.gin",

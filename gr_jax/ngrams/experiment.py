@@ -23,6 +23,7 @@ import numpy as np
 from gr_jax.data.examples import Examples, HostExamplesData
 from gr_jax.data.readers import DataFormatError, open_dataset
 from gr_jax.docids import DocidSpace
+from gr_jax.docids.identifiers import DocumentIdentifiers
 from gr_jax.experiment import Built, Experiment, RetrievalSettings, vocabulary_file
 from gr_jax.ngrams.index import SpanIndex, aggregate_documents, index_path
 from gr_jax.ngrams.spans import select_starts, words_of
@@ -169,6 +170,11 @@ class NgramBuilt(Built):
 
     def collection_rows(self, docids: Sequence[str]) -> np.ndarray:
         return np.asarray([self._rows.get(d, -1) for d in docids], np.int64)
+
+    def document_identifiers(self) -> DocumentIdentifiers:
+        """Every document of the collection, named by its distinct span windows (rows of the span table)."""
+        return DocumentIdentifiers.from_lists(self.index.docids, [np.unique(self.index.windows_of(row))
+                                                                  for row in range(len(self.index.docids))])
 
 
 @dataclasses.dataclass(frozen=True)

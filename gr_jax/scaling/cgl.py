@@ -4,7 +4,8 @@
 
 L(q, I) is the generation loss of identifier I given q (a positive number, not a probability): by default the
 mean per-token cross entropy of I's tokens, EOS included and padding masked (`token_reduction='mean'`; 'sum': the
-sequence's negative log-likelihood). L+ is the minimum over the query's judged positives (`positive_reduction`,
+sequence's negative log-likelihood). A document named by several identifier strings (n-gram ids: its distinct
+span windows, `gr_jax.docids.identifiers`) scores the mean of L over them, as the authors' code does. L+ is the minimum over the query's judged positives (`positive_reduction`,
 or 'mean'); the negatives are `num_negatives` documents drawn uniformly without replacement from the docid space
 minus the query's positives, fresh per query from `seed` (the authors' code: 256, S- = mean x 256, which is the
 sum). A model that cannot tell positives from negatives scores log((n + 1) / n), 0.0039 for n = 256; lower is
@@ -31,6 +32,7 @@ from gr_jax import partitioning
 from gr_jax.actions import Action
 from gr_jax.candidates import CandidateScorer, TokenReduction, generation_losses
 from gr_jax.data.readers import open_dataset
+from gr_jax.docids.identifiers import DocumentIdentifiers
 from gr_jax.vocabulary import encode_inputs
 
 logger = logging.getLogger(__name__)
@@ -113,10 +115,36 @@ class CglScorer:
         log_likelihood, positions = self._scorer.scores(params, tokens, rows, show_progress=show_progress, desc="CGL")
         return generation_losses(log_likelihood, positions, token_reduction=self.config.token_reduction)
 
+    def document_losses(self, params, tokens: np.ndarray, documents: np.ndarray, identifiers: DocumentIdentifiers, *,
+                        show_progress: bool = False) -> np.ndarray:
+        """L(q, d) float64[Q, D] of documents int64[Q, D] (-1: padding, NaN out): the mean of L(q, I) over each
+        document's identifier strings I (`DocumentIdentifiers`; one row, its docid, for the docid schemes)."""
+        counts = np.where(documents >= 0, np.diff(identifiers.offsets)[np.maximum(documents, 0)], 0)
+        width = max(int(counts.sum(axis=1).max(initial=0)), 1)
+        rows = np.full((len(documents), width), -1, np.int64)
+        owner = np.full((len(documents), width), -1, np.int64)  # the column of `documents` each row belongs to
+        for q in range(len(documents)):
+            slots = np.flatnonzero(documents[q] >= 0)
+            if slots.size:
+                parts = [identifiers.rows_of(documents[q, j]) for j in slots]
+                n = sum(len(part) for part in parts)
+                rows[q, :n] = np.concatenate(parts)
+                owner[q, :n] = np.repeat(slots, [len(part) for part in parts])
+        losses = self.candidate_losses(params, tokens, rows, show_progress=show_progress).astype(np.float64)
+        out = np.full(documents.shape, np.nan)
+        for q in range(len(documents)):
+            kept = owner[q] >= 0
+            sums = np.bincount(owner[q, kept], weights=losses[q, kept], minlength=documents.shape[1])
+            number = np.bincount(owner[q, kept], minlength=documents.shape[1])
+            out[q] = np.where(number > 0, sums / np.maximum(number, 1), np.nan)
+        return out
+
     def measure(self, params, *, split: str, show_progress: bool = False) -> dict[str, Any]:
-        """CGL of `split` with `params`: the mean, its parts and the settings (JSON-ready)."""
+        """CGL of `split` with `params`: the mean, its parts and the settings (JSON-ready). The positives and the
+        sampled negatives are documents (`built.document_identifiers()`), each scored by its identifier strings."""
         config = self.config
         experiment = self.built.experiment
+        identifiers = self.built.document_identifiers()
         data = open_dataset(experiment.dataset.data_dir)
         queries = list(data.queries(split))
         if config.max_queries:
@@ -125,31 +153,32 @@ class CglScorer:
         kept, positives, without = [], [], 0
         for qid, text in queries:
             judged = [docid for docid, grade in qrels.get(qid, {}).items() if grade > 0]
-            rows = self.table.rows_of(judged) if judged else np.zeros(0, np.int64)
-            rows = rows[rows >= 0]
-            if rows.size == 0:
+            documents = identifiers.documents_of(judged) if judged else np.zeros(0, np.int64)
+            documents = documents[documents >= 0]
+            if documents.size == 0:
                 without += 1
                 continue
             kept.append(text)
-            positives.append(rows)
+            positives.append(documents)
         if not kept:
             raise ValueError(f"no query of {experiment.dataset.data_dir} split {split!r} has a judged document in "
                              "the docid space: nothing to measure")
-        negatives = sample_negatives(num_documents=len(self.table), positives=positives,
+        negatives = sample_negatives(num_documents=len(identifiers), positives=positives,
                                      num_negatives=config.num_negatives, seed=config.seed)
         most = max(len(p) for p in positives)
-        positive_rows = np.full((len(kept), most), -1, np.int64)
-        for i, rows in enumerate(positives):
-            positive_rows[i, :len(rows)] = rows
+        positive_documents = np.full((len(kept), most), -1, np.int64)
+        for i, documents in enumerate(positives):
+            positive_documents[i, :len(documents)] = documents
         tokens = encode_inputs(kept, vocabulary=self.built.vocabulary, input_length=experiment.dataset.input_length)
-        losses = self.candidate_losses(params, tokens, np.concatenate([positive_rows, negatives], axis=1),
-                                       show_progress=show_progress)
-        per_query = contrastive_generation_loss(losses[:, :most], positive_rows >= 0, losses[:, most:],
+        losses = self.document_losses(params, tokens, np.concatenate([positive_documents, negatives], axis=1),
+                                      identifiers, show_progress=show_progress)
+        per_query = contrastive_generation_loss(losses[:, :most], positive_documents >= 0, losses[:, most:],
                                                 positive_reduction=config.positive_reduction)
-        positive = np.where(positive_rows >= 0, losses[:, :most], np.nan)
+        strings = np.diff(identifiers.offsets)
         return {"cgl": float(per_query.mean()), "chance": chance_level(config.num_negatives),
-                "positive_loss": float(np.nanmean(positive)), "negative_loss": float(losses[:, most:].mean()),
+                "positive_loss": float(np.nanmean(losses[:, :most])), "negative_loss": float(losses[:, most:].mean()),
                 "num_queries": len(kept), "queries_without_positive": without, "split": split,
+                "identifier_strings_per_document": {"mean": float(strings.mean()), "max": int(strings.max())},
                 "settings": dataclasses.asdict(config)}
 
 
