@@ -38,6 +38,7 @@ Initializer = Callable[..., Array]
 # Logical axis names used for parameters and activations (see gr_jax.partitioning.LOGICAL_AXIS_RULES).
 BATCH, LENGTH, EMBED, MLP, HEADS, KV, VOCAB, RELPOS = (
     "batch", "length", "embed", "mlp", "heads", "kv", "vocab", "relpos_buckets")
+LAYERS = "layers"  # the leading axis of a scanned stack's parameters (T5Config.scan_layers)
 
 NEG_INF = -1e10  # finite, so fully masked rows stay NaN-free
 
@@ -60,6 +61,14 @@ class T5Config:
     random bits (1.3x the train steps/s of tiny-sized models on CPU, docs/performance.md) and is how t5x
     fine-tunes; `()` draws an independent mask per element (this network's behaviour before: a different
     regulariser, not only a slower one).
+
+    `scan_layers` runs each layer stack (encoder, decoder, PAWA) as one `nn.scan` over a single layer whose
+    parameters carry a leading logical axis 'layers' (`encoder_layers/attention/query`: [layers, embed, heads, kv]
+    instead of `encoder_layers_{i}/...`), as t5x's `scan_layers`: compile time hardly grows with depth (XL's train
+    step: 34 s scanned, 410 s unscanned on a loaded 2-core CPU), at some speed per step (0.82-0.86x on CPU; see
+    docs/performance.md). The outputs are the unscanned network's for the same parameters (`gr_jax.layer_layout`
+    converts trees between the layouts); dropout masks differ, since the scan splits each layer's key. `remat`
+    rematerialises each scanned layer.
     """
     vocab_size: Optional[int] = None
     emb_dim: int = 512
@@ -77,6 +86,7 @@ class T5Config:
     relative_attention_max_distance: int = 128
     output_vocab_size: Optional[int] = None
     remat: bool = False
+    scan_layers: bool = False
     decoder_head: str = "standard"
     pawa_num_layers: Optional[int] = None
     docid_vocab_start: Optional[int] = None
@@ -121,17 +131,116 @@ def _activation(name: str) -> Callable[[Array], Array]:
     raise ValueError(f"Unknown MLP activation {name!r}; expected one of 'gelu', 'relu', 'linear'.")
 
 
-def teacher_forced_stack(embedded: Array, encoded: Array, *, layers: Sequence[nn.Module], relpos: nn.Module,
-                          norm: nn.Module, dropout: nn.Module, cross_mask: Array, deterministic: bool) -> Array:
+def teacher_forced_stack(embedded: Array, encoded: Array, *, layers: Layers, num_layers: int, relpos: nn.Module,
+                         norm: nn.Module, dropout: nn.Module, cross_mask: Array, deterministic: bool) -> Array:
     """A causal decoder stack over whole targets (the main decoder and the PAWA decoder share it):
     embedded [batch, tgt_len, embed] -> normalised states, same shape."""
     tgt_len = embedded.shape[1]
     self_mask = jnp.tril(jnp.ones((tgt_len, tgt_len), bool))[None, None]
     bias = relpos(tgt_len, tgt_len)[None]
     x = dropout(embedded, deterministic=deterministic)
-    for layer in layers:
-        x = layer(x, encoded, self_mask, cross_mask, bias, deterministic)
+    x = run_layers(layers, x, encoded, self_mask, cross_mask, bias, num_layers=num_layers, deterministic=deterministic)
     return dropout(norm(x), deterministic=deterministic)
+
+
+# --- Layer stacks: a Python list of layers, or one scanned layer (T5Config.scan_layers) ------------------------------
+#
+# A stack's layers are made by `layer_stack` in its parent's `setup`; the functions below run them either way, so the
+# encoder, the decoder and the PAWA decoder share one implementation of each layout. Scanned, a stack is one module
+# whose parameters have a leading 'layers' axis, and its decoding cache is one (keys, values) pair
+# [rows, layers, max_len, heads, kv]: rows first, so beam search reorders it along axis 0 like any cache leaf.
+
+Layers = Any  # a scanned stack's one layer module, or the list of an unscanned stack's layers
+
+
+def layer_stack(layer_cls: type[nn.Module], *, config: T5Config, num_layers: int,
+                deterministic_argnum: int) -> Layers:
+    """A stack's layers, made in its parent's `setup`: `num_layers` modules (parameters `{attribute}_{i}/...`), or
+    with `config.scan_layers` one module the stack functions scan (parameters `{attribute}/...`, [layers, ...]).
+    `deterministic_argnum`: the positional index (self counted) of the layer's `deterministic` argument, static
+    under `config.remat`."""
+    if config.remat:
+        # Inside a scan the loop already keeps XLA from merging the recomputation into the forward pass, so t5x turns
+        # CSE prevention (extra optimisation barriers) off there.
+        layer_cls = nn.remat(layer_cls, static_argnums=(deterministic_argnum,), prevent_cse=not config.scan_layers)
+    if config.scan_layers:
+        return layer_cls(config)
+    return [layer_cls(config) for _ in range(num_layers)]
+
+
+def _is_scanned(layers: Layers) -> bool:
+    return isinstance(layers, nn.Module)
+
+
+def _scan(body: Callable[..., tuple[Any, Any]], layer: nn.Module, carry: Any, *, num_layers: int, xs: tuple = (),
+          broadcast: tuple = ()) -> tuple[Any, Any]:
+    """`body(layer, carry, *xs_i, *broadcast) -> (carry, y_i)` once per layer of a scanned stack: (the last carry,
+    the y_i stacked on a leading axis). Parameters are created and read stacked on axis 0 under the logical name
+    'layers'; every layer draws its own initialisation and dropout keys."""
+    scan = nn.scan(body, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
+                   in_axes=(0,) * len(xs) + (nn.broadcast,) * len(broadcast), length=num_layers,
+                   metadata_params={nn.PARTITION_NAME: LAYERS})
+    return scan(layer, carry, *xs, *broadcast)
+
+
+def run_layers(layers: Layers, x: Array, *args: Array, num_layers: int, deterministic: bool) -> Array:
+    """x [batch, length, embed] through every layer of a stack, `layer(x, *args, deterministic)`."""
+    if _is_scanned(layers):
+        def body(layer, x, *args):
+            return layer(x, *args, deterministic), None
+        return _scan(body, layers, x, num_layers=num_layers, broadcast=args)[0]
+    for layer in layers:
+        x = layer(x, *args, deterministic)
+    return x
+
+
+def stack_cross_kv(layers: Layers, encoded: Array, *, num_layers: int) -> tuple:
+    """A decoder stack's cross-attention keys/values for decoding, from encoded [batch, src_len, embed]: per layer
+    (keys, values) [batch, src_len, heads, kv]; scanned, one pair [layers, batch, src_len, heads, kv]."""
+    if _is_scanned(layers):
+        def body(layer, carry, encoded):
+            return carry, layer.encoder_decoder_attention.project_kv(encoded)
+        return (_scan(body, layers, (), num_layers=num_layers, broadcast=(encoded,))[1],)
+    return tuple(layer.encoder_decoder_attention.project_kv(encoded) for layer in layers)
+
+
+def stack_step(layers: Layers, x: Array, *, num_layers: int, position: Array, cache: tuple, cross_kv: tuple,
+               cross_mask: Array, bias_row: Array) -> tuple[Array, tuple]:
+    """One decoding position through a decoder stack (`DecoderLayer.step`): x [rows, 1, embed] -> (x, the stack's
+    updated cache). `cache` as `stack_cache` makes it, `cross_kv` as `stack_cross_kv`."""
+    if _is_scanned(layers):
+        def body(layer, carry, kv, index, position, cross_mask, bias_row):
+            x, stacked = carry
+            x, stacked = layer.step(x, position=position, self_cache=stacked, cross_kv=kv, cross_mask=cross_mask,
+                                    bias_row=bias_row, layer=index)
+            return (x, stacked), None
+        (stacked,), (kv,) = cache, cross_kv
+        (x, stacked), _ = _scan(body, layers, (x, stacked), num_layers=num_layers,
+                                xs=(kv, jnp.arange(num_layers, dtype=jnp.int32)),
+                                broadcast=(position, cross_mask, bias_row))
+        return x, (stacked,)
+    new_cache = []
+    for layer, layer_cache, kv in zip(layers, cache, cross_kv):
+        x, layer_cache = layer.step(x, position=position, self_cache=layer_cache, cross_kv=kv, cross_mask=cross_mask,
+                                    bias_row=bias_row)
+        new_cache.append(layer_cache)
+    return x, tuple(new_cache)
+
+
+def stack_cache(config: T5Config, *, num_layers: int, rows: int, max_decode_len: int) -> tuple:
+    """A decoder stack's zeroed self-attention cache: per layer (keys, values) [rows, max_decode_len, heads, kv];
+    with `config.scan_layers` one pair [rows, layers, max_decode_len, heads, kv] (a step writes one position of one
+    layer in place). Empty for no layers."""
+    shape = (rows, max_decode_len, config.num_heads, config.head_dim)
+    if config.scan_layers:
+        shape = (rows, num_layers) + shape[1:]
+        return ((jnp.zeros(shape, config.dtype), jnp.zeros(shape, config.dtype)),) if num_layers else ()
+    return tuple((jnp.zeros(shape, config.dtype), jnp.zeros(shape, config.dtype)) for _ in range(num_layers))
+
+
+def stack_cache_entries(config: T5Config, *, num_layers: int) -> int:
+    """How many entries of the decoding cache (`init_cache`) a stack of `num_layers` layers takes."""
+    return min(num_layers, 1) if config.scan_layers else num_layers
 
 
 def logical_param(module: nn.Module, name: str, init: Initializer, shape: Sequence[int], axes: Sequence[str],
@@ -322,21 +431,30 @@ class DecoderLayer(nn.Module):
         return nn.with_logical_constraint(x, (BATCH, LENGTH, EMBED))
 
     def step(self, x: Array, *, position: Array, self_cache: tuple[Array, Array], cross_kv: tuple[Array, Array],
-             cross_mask: Array, bias_row: Array) -> tuple[Array, tuple[Array, Array]]:
+             cross_mask: Array, bias_row: Array, layer: Optional[Array] = None) -> tuple[Array, tuple[Array, Array]]:
         """One decoding position for `batch * beams` rows against per-query cross-attention keys/values.
 
         x: [batch*beams, 1, embed]; self_cache: keys/values [batch*beams, max_len, heads, kv] (filled below
-        `position`); cross_kv: [batch, src_len, heads, kv]; cross_mask: bool[batch, src_len];
-        bias_row: float32[heads, max_len] = the decoder bias for query `position`.
+        `position`), or with `layer` (int32[], a scanned stack) the whole stack's [batch*beams, layers, max_len,
+        heads, kv], of which only this layer's new position is written; cross_kv: [batch, src_len, heads, kv];
+        cross_mask: bool[batch, src_len]; bias_row: float32[heads, max_len] = the decoder bias for query `position`.
         """
         cache_k, cache_v = self_cache
         h = self.pre_self_attention_norm(x)
         k_new, v_new = self.self_attention.project_kv(h)
-        cache_k = jax.lax.dynamic_update_slice_in_dim(cache_k, k_new.astype(cache_k.dtype), position, axis=1)
-        cache_v = jax.lax.dynamic_update_slice_in_dim(cache_v, v_new.astype(cache_v.dtype), position, axis=1)
-        max_len = cache_k.shape[1]
+        if layer is None:
+            cache_k = jax.lax.dynamic_update_slice_in_dim(cache_k, k_new.astype(cache_k.dtype), position, axis=1)
+            cache_v = jax.lax.dynamic_update_slice_in_dim(cache_v, v_new.astype(cache_v.dtype), position, axis=1)
+            keys, values = cache_k, cache_v
+        else:
+            start = (0, layer, position, 0, 0)
+            cache_k = jax.lax.dynamic_update_slice(cache_k, k_new[:, None].astype(cache_k.dtype), start)
+            cache_v = jax.lax.dynamic_update_slice(cache_v, v_new[:, None].astype(cache_v.dtype), start)
+            keys = jax.lax.dynamic_index_in_dim(cache_k, layer, axis=1, keepdims=False)
+            values = jax.lax.dynamic_index_in_dim(cache_v, layer, axis=1, keepdims=False)
+        max_len = keys.shape[1]
         causal = (jnp.arange(max_len) <= position)[None, None, None, :]
-        y = self.self_attention.attend(self.self_attention.project_q(h), cache_k, cache_v, mask=causal,
+        y = self.self_attention.attend(self.self_attention.project_q(h), keys, values, mask=causal,
                                        bias=bias_row[None, :, None, :], deterministic=True)
         x = x + y
         # Cross-attention: queries grouped per source query so keys/values are shared by all its beams.
@@ -365,13 +483,14 @@ class Transformer(nn.Module):
             raise ValueError("T5Config.vocab_size is unset (see T5Config.with_vocab_size).")
         self.token_embedder = logical_param(self, "token_embedder", nn.initializers.normal(stddev=1.0),
                                             (cfg.vocab_size, cfg.emb_dim), (VOCAB, EMBED), cfg.param_dtype)
-        layer_cls = nn.remat(EncoderLayer, static_argnums=(4,)) if cfg.remat else EncoderLayer
         self.encoder_relpos = RelativePositionBias(cfg, bidirectional=True)
-        self.encoder_layers = [layer_cls(cfg) for _ in range(cfg.num_encoder_layers)]
+        # `encoder_layers_{i}/...` each, or scanned (cfg.scan_layers) one `encoder_layers/...` with a 'layers' axis.
+        self.encoder_layers = layer_stack(EncoderLayer, config=cfg, num_layers=cfg.num_encoder_layers,
+                                          deterministic_argnum=4)
         self.encoder_norm = RMSNorm(cfg)
-        dec_cls = nn.remat(DecoderLayer, static_argnums=(6,)) if cfg.remat else DecoderLayer
         self.decoder_relpos = RelativePositionBias(cfg, bidirectional=False)
-        self.decoder_layers = [dec_cls(cfg) for _ in range(cfg.num_decoder_layers)]
+        self.decoder_layers = layer_stack(DecoderLayer, config=cfg, num_layers=cfg.num_decoder_layers,
+                                          deterministic_argnum=6)
         self.decoder_norm = RMSNorm(cfg)
         self.head = cfg.head(cfg)
         nn.share_scope(self, self.head)  # the head's parameters keep top-level names (checkpoints, HF mapping)
@@ -389,13 +508,14 @@ class Transformer(nn.Module):
         src_len = encoder_input_tokens.shape[1]
         bias = self.encoder_relpos(src_len, src_len)[None]
         x = self.dropout(self.embed(encoder_input_tokens), deterministic=deterministic)
-        for layer in self.encoder_layers:
-            x = layer(x, mask, bias, deterministic)
+        x = run_layers(self.encoder_layers, x, mask, bias, num_layers=self.config.num_encoder_layers,
+                       deterministic=deterministic)
         return self.dropout(self.encoder_norm(x), deterministic=deterministic)
 
     def _decoder_states(self, embedded: Array, encoded: Array, *, cross_mask: Array, deterministic: bool) -> Array:
         """Teacher-forced main decoder stack: embedded [batch, tgt_len, embed] -> normalised states, same shape."""
-        return teacher_forced_stack(embedded, encoded, layers=self.decoder_layers, relpos=self.decoder_relpos,
+        return teacher_forced_stack(embedded, encoded, layers=self.decoder_layers,
+                                    num_layers=self.config.num_decoder_layers, relpos=self.decoder_relpos,
                                     norm=self.decoder_norm, dropout=self.dropout, cross_mask=cross_mask,
                                     deterministic=deterministic)
 
@@ -438,7 +558,7 @@ class Transformer(nn.Module):
     def prefill_encoded(self, encoded: Array, cross_mask: Array, *, max_decode_len: int) -> "DecodeContext":
         """`prefill` from given encoder states [batch, src_len, emb_dim] and their mask bool[batch, src_len]: for
         networks that use the encoding for more than decoding (GDR's query vector)."""
-        cross_kv = tuple(layer.encoder_decoder_attention.project_kv(encoded) for layer in self.decoder_layers)
+        cross_kv = stack_cross_kv(self.decoder_layers, encoded, num_layers=self.config.num_decoder_layers)
         return DecodeContext(cross_kv=cross_kv, cross_mask=cross_mask,
                              decoder_bias=self.decoder_relpos(max_decode_len, max_decode_len),
                              head=self.head.prefill(encoded, max_decode_len=max_decode_len))
@@ -449,12 +569,11 @@ class Transformer(nn.Module):
         [batch*beams, logits_vocab_size] and the updated self-attention cache (see `init_cache`)."""
         embedded = self.embed(self.head.step_inputs(tokens, position=position)[:, None])
         bias_row = jax.lax.dynamic_index_in_dim(context.decoder_bias, position, axis=1, keepdims=False)
-        num_main = len(self.decoder_layers)
-        x, new_cache = embedded, []
-        for layer, layer_cache, kv in zip(self.decoder_layers, cache[:num_main], context.cross_kv):
-            x, layer_cache = layer.step(x, position=position, self_cache=layer_cache, cross_kv=kv,
-                                        cross_mask=context.cross_mask, bias_row=bias_row)
-            new_cache.append(layer_cache)
+        cfg = self.config
+        num_main = stack_cache_entries(cfg, num_layers=cfg.num_decoder_layers)
+        x, new_cache = stack_step(self.decoder_layers, embedded, num_layers=cfg.num_decoder_layers, position=position,
+                                  cache=cache[:num_main], cross_kv=context.cross_kv, cross_mask=context.cross_mask,
+                                  bias_row=bias_row)
         logits, head_cache = self.head.step(self.decoder_norm(x), embedded=embedded, position=position,
                                             cache=cache[num_main:], context=context.head,
                                             cross_mask=context.cross_mask)
@@ -464,9 +583,10 @@ class Transformer(nn.Module):
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class DecodeContext:
-    """Per-query decoding constants. cross_kv: per decoder layer (keys, values) [batch, src_len, heads, kv];
-    cross_mask: bool[batch, src_len]; decoder_bias: float32[heads, max_len, max_len]; head: the head's own
-    constants (`OutputHead.prefill`; () for the standard head)."""
+    """Per-query decoding constants. cross_kv: per decoder layer (keys, values) [batch, src_len, heads, kv], or
+    scanned one pair [layers, batch, src_len, heads, kv] (`stack_cross_kv`); cross_mask: bool[batch, src_len];
+    decoder_bias: float32[heads, max_len, max_len]; head: the head's own constants (`OutputHead.prefill`; () for the
+    standard head)."""
     cross_kv: tuple
     cross_mask: Array
     decoder_bias: Array
@@ -474,8 +594,10 @@ class DecodeContext:
 
 
 def init_cache(config: T5Config, *, rows: int, max_decode_len: int) -> tuple:
-    """Zeroed self-attention cache: per decoder layer, then per layer of the head's own stack (PAWA), (keys, values)
-    [rows, max_decode_len, heads, kv]."""
-    shape = (rows, max_decode_len, config.num_heads, config.head_dim)
-    return tuple((jnp.zeros(shape, config.dtype), jnp.zeros(shape, config.dtype))
-                 for _ in range(config.num_decoder_layers + config.head.num_cached_layers(config)))
+    """Zeroed self-attention cache: the decoder's, then the head's own stack's (PAWA), each as `stack_cache` makes it:
+    per layer (keys, values) [rows, max_decode_len, heads, kv], or with `scan_layers` one pair per stack
+    [rows, layers, max_decode_len, heads, kv]. Every leaf has `rows` first: beam search reorders the cache along
+    axis 0 (`gr_jax.decoding`)."""
+    def stack(num_layers: int) -> tuple:
+        return stack_cache(config, num_layers=num_layers, rows=rows, max_decode_len=max_decode_len)
+    return (*stack(config.num_decoder_layers), *stack(config.head.num_cached_layers(config)))

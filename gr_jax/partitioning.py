@@ -41,9 +41,9 @@ LogicalAxisRules = Sequence[tuple[str, str | tuple[str, ...] | None]]
 
 # t5x's `standard_logical_axis_rules()` for 1-D parameter and 1-D activation partitioning on a
 # ('data', 'model') mesh (Megatron-style model parallelism plus data parallelism). Parameters and
-# activations share the names batch, length, embed, mlp, heads, kv, vocab, relpos_buckets: exactly the
-# names the network uses. Every logical name used by the model must appear here (an unknown name is an
-# error, never a silent replication).
+# activations share the names batch, length, embed, mlp, heads, kv, vocab, relpos_buckets (and scanned
+# stacks' parameters lead with layers): exactly the names the network uses. Every logical name used by
+# the model must appear here (an unknown name is an error, never a silent replication).
 #
 # Override by passing another table (gin binds the `rules` argument of the entry points), e.g. t5x's
 # 2-D fully sharded parameters (`parameter_partitioning_dims=2`, `LOGICAL_AXIS_RULES_2D` below) replace
@@ -58,6 +58,9 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, str | None], ...] = (
     ("kv", None),
     ("relpos_buckets", None),
     ("length", None),
+    # The stacked axis of scanned layers (T5Config.scan_layers): replicated, as t5x's rules; a scan step reads
+    # one layer, which every device then holds its own shards of.
+    ("layers", None),
 )
 # t5x's 2-D fully sharded parameters: 'embed' over 'data' as well (parameters and optimizer state over both axes).
 LOGICAL_AXIS_RULES_2D: tuple[tuple[str, str | None], ...] = tuple(

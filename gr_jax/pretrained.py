@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -70,6 +71,7 @@ import numpy as np
 from jax.sharding import Sharding
 from safetensors import safe_open
 
+from gr_jax import layer_layout
 from gr_jax import network
 from gr_jax import partitioning
 from gr_jax.checkpoints import path_str
@@ -637,7 +639,18 @@ def load_pretrained_params(*, checkpoint_dir: PathLike, config: network.T5Config
       mapped nor matched is an error.
     encoder_only: `fresh_params` is the encoder alone (a dual encoder's T5 tower, `gr_jax.dense.towers`): the
       checkpoint's decoder and output layer are not loaded.
+
+    With `config.scan_layers` (and `fresh_params` / `shardings` in the scanned layout) the unscanned tree is loaded
+    (HF has one block per layer) and its layers stacked onto `shardings` (`gr_jax.layer_layout`): the devices hold
+    the stacks' parameters twice while they are stacked.
     """
+    if config.scan_layers:
+        unscanned = dataclasses.replace(config, scan_layers=False)
+        params = load_pretrained_params(
+            checkpoint_dir=checkpoint_dir, config=unscanned, fresh_patterns=fresh_patterns, encoder_only=encoder_only,
+            fresh_params=layer_layout.unstack_layers(partitioning.strip_boxes(fresh_params), config=config),
+            shardings=layer_layout.unstack_layers(shardings, config=config))
+        return jax.jit(functools.partial(layer_layout.stack_layers, config=config), out_shardings=shardings)(params)
     hf = read_hf_config(checkpoint_dir)
     check_config(hf=hf, config=config)
     sources = hf_tensor_sources(hf=hf, config=config)

@@ -9,15 +9,19 @@ Only the parameters are read (orbax partial restore), straight into this run's s
 optimizer state start afresh. Parameters match by path. A larger vocabulary axis (atomic or 2D docid tokens
 appended after the pieces) keeps the source's rows and takes the rows beyond from this run's initialisation; new
 heads (`gr_jax.heads.fresh_param_patterns`: atomic, PAWA) are fresh; anything else that differs is an error.
+The source run's layer stacks may be scanned or not (`T5Config.scan_layers`), whatever this run's are: its
+parameters are converted on the way in (`gr_jax.layer_layout`).
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
 import os
 import pathlib
 import re
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 import flax.linen as nn
 from flax import traverse_util
@@ -27,6 +31,8 @@ from jax.sharding import NamedSharding, PartitionSpec, Sharding
 
 from gr_jax.checkpoints import Checkpointer, path_str
 from gr_jax import heads
+from gr_jax import layer_layout
+from gr_jax.network import T5Config
 from gr_jax.pretrained import mix_vocabulary_rows
 
 if TYPE_CHECKING:
@@ -57,22 +63,33 @@ def vocabulary_axes(params_with_logical_axes: Any) -> dict[str, int]:
 
 
 def params_from_run(*, model_dir: str | os.PathLike, fresh_params: Any, shardings: Any,
-                    vocab_axes: Mapping[str, int], new_patterns: Sequence[str] | None = None) -> Any:
+                    vocab_axes: Mapping[str, int], new_patterns: Sequence[str] | None = None,
+                    config: Optional[T5Config] = None) -> Any:
     """This run's parameter tree filled from the latest checkpoint in `model_dir`/checkpoints.
 
     fresh_params: this run's initialised params (unboxed), the source of new heads and of vocabulary rows beyond
       the source run's; shardings: a `Sharding` per leaf (e.g. `Trainer.state_shardings.params`); vocab_axes:
       path -> vocabulary axis (`vocabulary_axes`), the only axis along which a parameter may differ, and only by
       being larger here; new_patterns: parameters the source may lack (default: every head's own,
-      `gr_jax.heads.fresh_param_patterns`).
+      `gr_jax.heads.fresh_param_patterns`); config: this run's network, given so that a source run whose layer
+      stacks are in the other layout (`T5Config.scan_layers`) is read in its layout and converted
+      (`gr_jax.layer_layout`).
     """
     directory = pathlib.Path(model_dir) / CHECKPOINTS_SUBDIR
     checkpointer = Checkpointer(directory, asynchronous=False)
+    our_shardings = None  # set when the source's layer layout differs from ours
     try:
         step = checkpointer.latest_step()
         if step is None:
             raise FileNotFoundError(f"no checkpoint in {directory} to start from")
         saved = checkpointer.saved_params(step)
+        source_scanned = None if config is None else layer_layout.is_scanned(saved, config=config)
+        if source_scanned is not None and source_scanned != config.scan_layers:
+            # Matched and restored in the source's layout, converted to ours at the end.
+            source = dataclasses.replace(config, scan_layers=source_scanned)
+            our_shardings = shardings
+            fresh_params = layer_layout.convert_layers(fresh_params, config=source)
+            shardings = layer_layout.convert_layers(shardings, config=source)
         leaves, treedef = jax.tree_util.tree_flatten_with_path(fresh_params)
         sharding_leaves = jax.tree_util.tree_leaves(shardings, is_leaf=lambda x: isinstance(x, Sharding))
         if len(sharding_leaves) != len(leaves):
@@ -124,13 +141,19 @@ def params_from_run(*, model_dir: str | os.PathLike, fresh_params: Any, sharding
             counts["mixed"] += 1
     logger.info("started from %s step %d: %d parameters copied, %d with their vocabulary rows mixed, %d fresh",
                 directory, step, counts["copied"], counts["mixed"], counts["fresh"])
-    return jax.tree_util.tree_unflatten(treedef, out)
+    params = jax.tree_util.tree_unflatten(treedef, out)
+    if our_shardings is None:
+        return params
+    logger.info("converted the layer stacks of %s to scan_layers=%s", directory, config.scan_layers)
+    return jax.jit(functools.partial(layer_layout.convert_layers, config=config), out_shardings=our_shardings)(params)
 
 
 def initialize_from_run(*, state: "TrainState", trainer: "Trainer", model_dir: str | os.PathLike) -> "TrainState":
-    """A freshly initialised train state whose params come from another run (see `params_from_run`)."""
+    """A freshly initialised train state whose params come from another run (see `params_from_run`), of either
+    layer layout."""
     boxed = jax.eval_shape(lambda: trainer.model.init(jax.random.PRNGKey(0), input_length=trainer.input_length,
                                                       target_length=trainer.target_length))["params"]
     params = params_from_run(model_dir=model_dir, fresh_params=state.params,
-                             shardings=trainer.state_shardings.params, vocab_axes=vocabulary_axes(boxed))
+                             shardings=trainer.state_shardings.params, vocab_axes=vocabulary_axes(boxed),
+                             config=trainer.model.config)
     return state.replace(params=jax.tree_util.tree_map(jnp.asarray, params))

@@ -70,6 +70,13 @@ class OutputHead(nn.Module):
         return 0
 
     @classmethod
+    def layer_stacks(cls, config: T5Config) -> dict[str, int]:
+        """The head's own layer stacks (`network.layer_stack`): parameter path -> depth, so that
+        `gr_jax.layer_layout` converts them between the unscanned and scanned layouts as the trunk's."""
+        del config
+        return {}
+
+    @classmethod
     def embedded_vocab_size(cls, config: T5Config, *, model_vocab_size: int) -> int:
         """How many token ids the input embedding must cover when the run's tokens are [0, model_vocab_size): all of
         them by default (docid tokens are decoder inputs). The model builder sizes `T5Config.vocab_size` from it."""

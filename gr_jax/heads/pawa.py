@@ -16,7 +16,7 @@ from flax import linen as nn
 from gr_jax.heads.base import OverDocidTokens, masked_logits, register_head
 from gr_jax.heads.standard import StandardHead
 from gr_jax.network import (EMBED, MLP, DecoderLayer, RelativePositionBias, RMSNorm, T5Config, fan_in_init,
-                            logical_param, teacher_forced_stack)
+                            layer_stack, logical_param, stack_cross_kv, stack_step, teacher_forced_stack)
 from gr_jax.vocabulary import EOS_ID
 
 Array = jax.Array
@@ -43,6 +43,10 @@ class PawaHead(OverDocidTokens, StandardHead):
     @classmethod
     def num_cached_layers(cls, config):
         return cls.num_layers(config)
+
+    @classmethod
+    def layer_stacks(cls, config):
+        return {"pawa/layers": cls.num_layers(config)}
 
     def setup(self):
         cfg = self.config
@@ -104,9 +108,9 @@ class PawaDecoder(nn.Module):
 
     def setup(self):
         cfg = self.config
-        layer_cls = nn.remat(DecoderLayer, static_argnums=(6,)) if cfg.remat else DecoderLayer
         self.relpos = RelativePositionBias(cfg, bidirectional=False)
-        self.layers = [layer_cls(cfg) for _ in range(PawaHead.num_layers(cfg))]
+        # `layers_{i}/...` each, or scanned (cfg.scan_layers) one `layers/...` with a leading 'layers' axis.
+        self.layers = layer_stack(DecoderLayer, config=cfg, num_layers=self.num_layers, deterministic_argnum=6)
         self.norm = RMSNorm(cfg)
         # [embed, embed * embed] is an up-projection like an MLP's first layer (NCI: Linear(d, d^2)), and its wide
         # axis is split over 'model' as an MLP's is: 453M parameters at Base, 1.07B at Large.
@@ -116,24 +120,27 @@ class PawaDecoder(nn.Module):
 
     def __call__(self, embedded: Array, encoded: Array, *, cross_mask: Array, deterministic: bool) -> Array:
         """Teacher-forced. embedded: [batch, tgt_len, embed] (decoder input embeddings) -> u, same shape."""
-        return teacher_forced_stack(embedded, encoded, layers=self.layers, relpos=self.relpos, norm=self.norm,
-                                     dropout=self.dropout, cross_mask=cross_mask, deterministic=deterministic)
+        return teacher_forced_stack(embedded, encoded, layers=self.layers, num_layers=self.num_layers,
+                                    relpos=self.relpos, norm=self.norm, dropout=self.dropout, cross_mask=cross_mask,
+                                    deterministic=deterministic)
+
+    @property
+    def num_layers(self) -> int:
+        return PawaHead.num_layers(self.config)
 
     def prefill(self, encoded: Array, *, max_decode_len: int) -> tuple[tuple, Array]:
-        """Per-query constants: cross-attention (keys, values) per layer and the bias [heads, max_len, max_len]."""
-        cross_kv = tuple(layer.encoder_decoder_attention.project_kv(encoded) for layer in self.layers)
+        """Per-query constants: cross-attention (keys, values) per layer (`stack_cross_kv`) and the bias
+        [heads, max_len, max_len]."""
+        cross_kv = stack_cross_kv(self.layers, encoded, num_layers=self.num_layers)
         return cross_kv, self.relpos(max_decode_len, max_decode_len)
 
     def step(self, embedded: Array, *, position: Array, cache: tuple, cross_kv: tuple, cross_mask: Array,
              bias: Array) -> tuple[Array, tuple]:
         """One position for batch*beams rows. embedded: [rows, 1, embed] -> (u [rows, 1, embed], new cache)."""
         bias_row = jax.lax.dynamic_index_in_dim(bias, position, axis=1, keepdims=False)
-        x, new_cache = embedded, []
-        for layer, layer_cache, kv in zip(self.layers, cache, cross_kv):
-            x, layer_cache = layer.step(x, position=position, self_cache=layer_cache, cross_kv=kv,
-                                        cross_mask=cross_mask, bias_row=bias_row)
-            new_cache.append(layer_cache)
-        return self.norm(x), tuple(new_cache)
+        x, new_cache = stack_step(self.layers, embedded, num_layers=self.num_layers, position=position, cache=cache,
+                                  cross_kv=cross_kv, cross_mask=cross_mask, bias_row=bias_row)
+        return self.norm(x), new_cache
 
     def generated_matrices(self, u: Array) -> Array:
         """u: [..., embed] -> M: [..., embed, embed], one per position (and per beam)."""
