@@ -86,6 +86,10 @@ ADAFACTOR_FACTOR_RULES: Mapping[str, str] = {
 FACTOR_DIMS = ("row", "column", "batch", "none")
 
 
+def _is_box(x) -> bool:
+    return isinstance(x, meta.AxisMetadata)
+
+
 @dataclasses.dataclass(frozen=True)
 class MatrixView:
     """How the factored stage sees one parameter: transposed by `permutation` and reshaped to `shape`
@@ -147,7 +151,7 @@ def factor_by_logical_axes(inner: optax.GradientTransformation, *, rules: Mappin
     (None: not factored) only serves a check that batch dimensions are not factored over.
     """
     def views_of(params) -> tuple:
-        leaves = jax.tree_util.tree_leaves_with_path(params, is_leaf=is_box)
+        leaves = jax.tree_util.tree_leaves_with_path(params, is_leaf=_is_box)
         views = []
         for path, leaf in leaves:
             if isinstance(leaf, nn.LogicallyPartitioned):
@@ -158,15 +162,12 @@ def factor_by_logical_axes(inner: optax.GradientTransformation, *, rules: Mappin
                 views.append(MatrixView())
         return tuple(views)
 
-    def is_box(x) -> bool:
-        return isinstance(x, meta.AxisMetadata)
-
     def apply_views(tree, views):
         """The leaves (boxes unboxed where viewed: a view's rank differs from the box's names) seen as `views`."""
-        leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=is_box)
+        leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=_is_box)
         if len(leaves) != len(views):
             raise ValueError(f"the optimizer state has views of {len(views)} parameters, got {len(leaves)}")
-        viewed = [leaf if view.shape is None else view.to_view(leaf.value if is_box(leaf) else leaf)
+        viewed = [leaf if view.shape is None else view.to_view(leaf.value if _is_box(leaf) else leaf)
                   for leaf, view in zip(leaves, views)]
         return jax.tree_util.tree_unflatten(treedef, viewed)
 
@@ -181,6 +182,66 @@ def factor_by_logical_axes(inner: optax.GradientTransformation, *, rules: Mappin
         out = [view.from_view(u, like_shape=np.shape(leaf)) for u, leaf, view
                in zip(jax.tree_util.tree_leaves(viewed), leaves, state.views)]
         return jax.tree_util.tree_unflatten(treedef, out), ViewedState(inner=inner_state, views=state.views)
+
+    return optax.GradientTransformation(init, update)
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerSplit:
+    """How `per_layer` sees one parameter: whole (`axis` None), or split along its 'batch' axis into `size` leaves."""
+    axis: Optional[int] = None
+    size: int = 0
+
+
+@flax.struct.dataclass
+class PerLayerState:
+    inner: Any
+    splits: Any = flax.struct.field(pytree_node=False)  # a tuple of LayerSplit per parameter leaf (static)
+
+
+def per_layer(inner: optax.GradientTransformation, *, rules: Mapping[str, str]) -> optax.GradientTransformation:
+    """`inner` with every layer of a scanned stack as a parameter of its own, as the unscanned network has them.
+
+    A parameter whose logical axes include one the `rules` call 'batch' (a scanned stack's 'layers') is split along
+    it into one leaf per layer before `inner` sees it and its updates are stacked back: Adafactor's per-block
+    update clipping and parameter scale, and the weight-decay mask (`ndim >= 2`), then act per layer, so a scanned
+    run's updates are the unscanned run's. The names are read from the boxed parameters `init` gets and kept in the
+    state's static structure (as `factor_by_logical_axes`); leaves without names are left whole.
+    """
+    def split_of(path, leaf) -> LayerSplit:
+        if not isinstance(leaf, nn.LogicallyPartitioned):
+            return LayerSplit()
+        batch = [i for i, name in enumerate(leaf.names) if rules.get(name) == "batch"]
+        if len(batch) > 1:
+            raise ValueError(f"{jax.tree_util.keystr(path)}: more than one batch axis in {tuple(leaf.names)}")
+        return LayerSplit(axis=batch[0], size=int(np.shape(leaf.value)[batch[0]])) if batch else LayerSplit()
+
+    def split(tree, splits):
+        leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=_is_box)
+        out = []
+        for leaf, how in zip(leaves, splits):
+            if how.axis is None:
+                out.append(leaf)
+            elif _is_box(leaf):
+                names = tuple(n for i, n in enumerate(leaf.names) if i != how.axis)
+                out.append(tuple(dataclasses.replace(leaf, value=jnp.take(leaf.value, i, axis=how.axis), names=names)
+                                 for i in range(how.size)))
+            else:
+                out.append(tuple(jnp.take(leaf, i, axis=how.axis) for i in range(how.size)))
+        return jax.tree_util.tree_unflatten(treedef, out)
+
+    def init(params):
+        leaves = jax.tree_util.tree_leaves_with_path(params, is_leaf=_is_box)
+        splits = tuple(split_of(path, leaf) for path, leaf in leaves)
+        return PerLayerState(inner=inner.init(split(params, splits)), splits=splits)
+
+    def update(updates, state, params=None):
+        treedef = jax.tree_util.tree_structure(updates)
+        split_params = None if params is None else split(params, state.splits)
+        new, inner_state = inner.update(split(updates, state.splits), state.inner, split_params)
+        parts = treedef.flatten_up_to(new)
+        merged = [part if how.axis is None else jnp.stack(part, axis=how.axis) for part, how in zip(parts, state.splits)]
+        return jax.tree_util.tree_unflatten(treedef, merged), PerLayerState(inner=inner_state, splits=state.splits)
 
     return optax.GradientTransformation(init, update)
 
@@ -255,6 +316,8 @@ def make_optimizer(
         optimizer = optax.adamw(
             learning_rate=learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=weight_decay_mask
         )
+    if factor_rules is not None:
+        optimizer = per_layer(optimizer, rules=factor_rules)
     if learning_rate_scales:
         optimizer = optax.chain(optimizer, scale_by_path(learning_rate_scales))
     if clip_norm is None:

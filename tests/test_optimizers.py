@@ -85,7 +85,8 @@ def test_adafactor_first_step_by_hand():
     np.testing.assert_allclose(np.asarray(new["kernel"]), 2.0 - lr * 2.0 - wd * 2.0, rtol=1e-6)
     np.testing.assert_allclose(np.asarray(new["scale"]), 2.0 + lr * 2.0, rtol=1e-6)
     state = tx.init(_params())
-    assert state[0].inner.v_row["kernel"].shape == (128,) and state[0].inner.v["kernel"].shape == (1,)  # factored
+    factored = state.inner[0].inner  # per_layer(chain(factor_by_logical_axes(scale_by_factored_rms), ...))
+    assert factored.v_row["kernel"].shape == (128,) and factored.v["kernel"].shape == (1,)
     # Without parameter scaling, lr is an absolute step.
     absolute = optimizers.make_optimizer(name="adafactor", learning_rate=lr, multiply_by_parameter_scale=False)
     np.testing.assert_allclose(np.asarray(_first_update(absolute, grads, _params())["kernel"]), 2.0 - lr, rtol=1e-6)
@@ -221,44 +222,52 @@ def test_adafactor_factors_by_logical_axes_as_the_matrix_they_make():
     grads = _random_grads(shapes, 3, seed=3)
     tx = optimizers.make_optimizer(name="adafactor", learning_rate=0.01)
     new, _, state = _run(tx, boxed, grads)
-    inner = state[0].inner
+    inner = state.inner[0].inner  # the factored second moments
     assert inner.v_row["query"].shape == (d,) and inner.v_col["query"].shape == (h * k,)
     assert inner.v_row["out"].shape == (d,) and inner.v_col["out"].shape == (h * k,)
-    assert inner.v_row["scanned"].shape == (layers, d) and inner.v_col["scanned"].shape == (layers, m)
+    assert [v.shape for v in inner.v_row["scanned"]] == [(d,)] * layers  # per layer
     assert inner.v["relpos"].shape == (h * 32,) and inner.v["scale"].shape == (d,)
 
     def as_matrix(name, x):
         return {"query": lambda a: a.reshape(d, h * k), "out": lambda a: a.reshape(h * k, d).T,
-                "scanned": lambda a: a, "relpos": lambda a: a.reshape(-1), "scale": lambda a: a}[name](x)
+                "relpos": lambda a: a.reshape(-1), "scale": lambda a: a}[name](x)
     reference = optax.adafactor(learning_rate=0.01)
-    matrices = {n: as_matrix(n, v) for n, v in plain.items()}
-    expected, _, _ = _run(reference, matrices, [{n: as_matrix(n, g) for n, g in step.items()} for step in grads])
-    for name in shapes:
-        if name == "scanned":  # optax factors a 3-D array over its two largest dims, per layer: the same statistics
-            continue
+    names = [n for n in shapes if n != "scanned"]
+    expected, _, _ = _run(reference, {n: as_matrix(n, plain[n]) for n in names},
+                          [{n: as_matrix(n, step[n]) for n in names} for step in grads])
+    for name in names:
         np.testing.assert_allclose(np.asarray(as_matrix(name, new[name])), np.asarray(expected[name]), rtol=1e-6,
                                    atol=1e-7, err_msg=name)
-    # Clipping and parameter scale act on the whole leaf, so compare the scanned kernel's second moments: each
-    # layer's equal those of its own matrix.
+    # Each layer of the scanned kernel is updated as the unscanned network's own parameter (statistics, update
+    # clipping and parameter scale per layer).
     for i in range(layers):
-        _, _, layer_state = _run(optax.adafactor(learning_rate=0.01), {"w": plain["scanned"][i]},
-                                 [{"w": g["scanned"][i]} for g in grads])
-        np.testing.assert_allclose(np.asarray(inner.v_row["scanned"][i]), np.asarray(layer_state[0].v_row["w"]),
-                                   rtol=1e-6)
-        np.testing.assert_allclose(np.asarray(inner.v_col["scanned"][i]), np.asarray(layer_state[0].v_col["w"]),
-                                   rtol=1e-6)
+        layer, _, _ = _run(reference, {"w": plain["scanned"][i]}, [{"w": g["scanned"][i]} for g in grads])
+        np.testing.assert_allclose(np.asarray(new["scanned"][i]), np.asarray(layer["w"]), rtol=1e-6, atol=1e-7)
+
+
+def test_scanned_layers_are_decayed_and_updated_as_unscanned_ones():
+    """AdamW with weight decay (mask: ndim >= 2): a scanned stack of norm scales [layers, embed] is not decayed, as
+    the unscanned [embed] scales are not; a scanned kernel is."""
+    scales = nn.LogicallyPartitioned(jnp.ones((3, 8)), names=("layers", "embed"))
+    kernel = nn.LogicallyPartitioned(jnp.ones((3, 8, 16)), names=("layers", "embed", "mlp"))
+    tx = optimizers.make_optimizer(name="adamw", learning_rate=0.1, weight_decay=0.5)
+    new, _, _ = _run(tx, {"scale": scales, "kernel": kernel},
+                     [{"scale": jnp.ones((3, 8)), "kernel": jnp.ones((3, 8, 16))}])
+    np.testing.assert_allclose(np.asarray(new["scale"]), 1.0 - 0.1, rtol=1e-5)  # Adam's first step only
+    np.testing.assert_allclose(np.asarray(new["kernel"]), 1.0 - 0.1 * (1.0 + 0.5), rtol=1e-5)
 
 
 def test_adafactor_factoring_rules_are_checked():
     boxed = {"w": nn.LogicallyPartitioned(jnp.zeros((128, 128)), names=("embed", "unknown_axis"))}
     with pytest.raises(ValueError, match="'unknown_axis'.*no Adafactor factoring rule"):
         optimizers.make_optimizer(learning_rate=0.01).init(boxed)
-    too_many_layers = {"w": nn.LogicallyPartitioned(jnp.zeros((256, 128, 128)), names=("layers", "embed", "mlp"))}
-    with pytest.raises(ValueError, match="batch dimension"):
-        optimizers.make_optimizer(learning_rate=0.01).init(too_many_layers)
+    two_batch_axes = {"w": nn.LogicallyPartitioned(jnp.zeros((2, 2, 128)), names=("layers", "layers", "mlp"))}
+    with pytest.raises(ValueError, match="more than one batch axis"):
+        optimizers.make_optimizer(learning_rate=0.01).init(two_batch_axes)
     # factor_rules=None: optax's shape rule leaves the 3-D attention kernel unfactored.
     kernel = {"w": nn.LogicallyPartitioned(jnp.zeros((128, 4, 32)), names=("embed", "heads", "kv"))}
-    assert optimizers.make_optimizer(learning_rate=0.01, factor_rules=None).init(kernel)[0].v["w"].value.shape == (128, 4, 32)
+    assert optimizers.make_optimizer(learning_rate=0.01, factor_rules=None).init(kernel)[0].v["w"].value.shape == (
+        128, 4, 32)
 
 
 def test_trainer_state_factors_every_attention_kernel():
