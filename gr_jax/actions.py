@@ -19,8 +19,10 @@ import json
 import logging
 import math
 import pathlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Optional
+
+import jax
 
 from gr_jax import checkpoints
 from gr_jax import partitioning
@@ -40,6 +42,11 @@ logger = logging.getLogger(__name__)
 class TrainingRun:
     """What a training run's actions share, set up once before the first step.
 
+    start_batch: the input position the run starts at (batches of the fresh run consumed before its first step).
+    input_checkpoint: the checkpoint step whose saved input iterator state continues the input (`training.
+      restore_input`); None: none (a fresh run, or one whose input config changed).
+    batches: the training input, once the loop made it; a `checkpoints.CheckpointableInput` (the seqio pipeline)
+      has its state saved with every checkpoint.
     report: the run's final metrics (written to `model_dir/final_metrics.json`), which actions extend.
     reported_params: (step, params) that the final evaluation ranks with, when an action chose them (model
       selection's best state); None means the last state.
@@ -48,6 +55,8 @@ class TrainingRun:
     writer: MetricWriter
     start_step: int
     start_batch: int
+    input_checkpoint: Optional[int] = None
+    batches: Optional[Iterator] = None
     report: dict[str, float] = dataclasses.field(default_factory=dict)
     reported_params: Optional[tuple[int, Any]] = None
 
@@ -56,8 +65,20 @@ class TrainingRun:
         return pathlib.Path(self.built.experiment.model_dir)
 
     def input_state(self, step: int) -> dict:
-        """The input position of `step`, saved with its checkpoint (exact resume)."""
-        return {"batches_consumed": self.start_batch + (step - self.start_step), "seed": self.built.experiment.seed}
+        """The input position of `step`, saved with its checkpoint (exact resume), and the config that position
+        means something in (`training.resume_position` checks it on restart)."""
+        consumed = self.start_batch + (step - self.start_step)
+        if isinstance(self.batches, checkpoints.CheckpointableInput) and self.batches.batches_consumed != consumed:
+            raise RuntimeError(f"the input iterator consumed {self.batches.batches_consumed} batches at step {step}, "
+                               f"expected {consumed} (one per step from batch {self.start_batch} at step "
+                               f"{self.start_step}): its saved state would resume elsewhere")
+        experiment = self.built.experiment
+        return {"batches_consumed": consumed, "seed": experiment.seed, "batch_size": experiment.batch_size,
+                "num_processes": jax.process_count()}
+
+    def checkpointable_input(self) -> Optional[checkpoints.CheckpointableInput]:
+        """The input whose state each checkpoint saves, if it can save one."""
+        return self.batches if isinstance(self.batches, checkpoints.CheckpointableInput) else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,8 +144,9 @@ class WriteTrainMetrics(Action):
 
 
 class SaveCheckpoint(Action):
-    """Saves the state and its input position every `every_steps` steps, at the last step, and where training
-    stopped early (a checkpoint is never written twice for one step)."""
+    """Saves the state, its input position and, for a checkpointable input (the seqio pipeline), the input
+    iterator's state every `every_steps` steps, at the last step, and where training stopped early (a checkpoint
+    is never written twice for one step)."""
 
     def __init__(self, *, every_steps: int):
         if every_steps < 1:
@@ -132,12 +154,13 @@ class SaveCheckpoint(Action):
         self.every_steps = every_steps
 
     def __call__(self, run, progress):
-        run.built.checkpointer.save(progress.step, state=progress.state, input_state=run.input_state(progress.step))
+        run.built.checkpointer.save(progress.step, state=progress.state, input_state=run.input_state(progress.step),
+                                    input_iterator=run.checkpointable_input())
         return False
 
     def end(self, run, progress):
         run.built.checkpointer.save(progress.step, state=progress.state, input_state=run.input_state(progress.step),
-                                    force=True)
+                                    input_iterator=run.checkpointable_input(), force=True)
         run.built.checkpointer.wait_until_finished()
 
 

@@ -1,28 +1,96 @@
 """Train-state checkpoints with orbax: sharded arrays plus the input pipeline's position, saved together.
 
-Each step directory holds two items: 'state' (any pytree of `jax.Array`s, possibly sharded; written
-by every process, each its own shards, with `StandardSave`) and 'input' (a small JSON dict such as
+Each step directory holds up to three items: 'state' (any pytree of `jax.Array`s, possibly sharded; written
+by every process, each its own shards, with `StandardSave`), 'input' (a small JSON dict such as
 `{"batches_consumed": 123, "seed": 0}`, written by process 0 with `JsonSave`), so a resumed run
-continues at the exact example where the saved one stopped. Saves are asynchronous by default: the
-device-to-host copy happens inside `save`, writing to disk in the background, so the caller may
-donate or overwrite the saved arrays as soon as `save` returns.
+continues at the exact example where the saved one stopped, and, for an input that can save its own state
+(`CheckpointableInput`: the seqio pipeline's tf.data iterator), 'input_iterator': one file set per process, so
+the resume takes time independent of the step. Being an item of the step, the iterator state is committed
+atomically with the model state and deleted with it by `max_to_keep`. Saves are asynchronous by default: the
+device-to-host copy and the iterator's state are taken inside `save`, writing to disk in the background, so
+the caller may donate or overwrite the saved arrays and advance the iterator as soon as `save` returns.
 """
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 import logging
 import os
-from typing import Any
+import pathlib
+import shutil
+import tempfile
+from typing import Any, Optional, Protocol, runtime_checkable
 
 import jax
 import orbax.checkpoint as ocp
 from etils import epath
+from orbax.checkpoint import future as ocp_future
 
 logger = logging.getLogger(__name__)
 
 STATE_ITEM = "state"
 INPUT_ITEM = "input"
+INPUT_ITERATOR_ITEM = "input_iterator"
 BEST_DIR = "best"  # model_dir/best: the state model selection kept (actions.SelectModel)
+
+
+@runtime_checkable
+class CheckpointableInput(Protocol):
+    """A training input that saves its own position (`gr_jax.data.pipeline.TrainBatches`), each process its own
+    files in a directory shared by all of them."""
+
+    def save_input_state(self, directory: str) -> None:
+        """Writes the state after the batches yielded so far into `directory`, before returning."""
+
+    def restore_input_state(self, directory: str) -> bool:
+        """Continues from the state in `directory`; False when that checkpoint could not keep one."""
+
+
+class _InputIteratorHandler(ocp.AsyncCheckpointHandler):
+    """The 'input_iterator' item: the state is taken synchronously inside `async_save` (while the caller's
+    `Checkpointer.save` blocks, so it is the state of exactly the batches consumed up to the step), into a local
+    temporary directory; a commit future copies those files into the step's item directory in the background,
+    once orbax has created it, before the step is finalized."""
+
+    async def async_save(self, directory: epath.Path, args: InputIteratorSave) -> list[ocp_future.Future]:
+        local = pathlib.Path(tempfile.mkdtemp(prefix="gr_jax_input_state_"))
+        try:
+            args.input.save_input_state(str(local))
+        except BaseException:
+            shutil.rmtree(local, ignore_errors=True)
+            raise
+        return [ocp_future.CommitFutureAwaitingContractedSignals(self._copy(local, directory),
+                                                                  name="gr_jax_input_iterator_save")]
+
+    @staticmethod
+    async def _copy(local: pathlib.Path, directory: epath.Path) -> None:
+        try:
+            for path in sorted(local.iterdir()):
+                (directory / path.name).write_bytes(path.read_bytes())
+        finally:
+            shutil.rmtree(local, ignore_errors=True)
+
+    def save(self, directory: epath.Path, args: InputIteratorSave) -> None:
+        async def run():
+            for commit in await self.async_save(directory, args):
+                commit.result()
+        asyncio.run(run())
+
+    def restore(self, directory: epath.Path, args: InputIteratorRestore) -> bool:
+        return args.input.restore_input_state(str(directory))
+
+
+@ocp.args.register_with_handler(_InputIteratorHandler, for_save=True)
+@dataclasses.dataclass
+class InputIteratorSave(ocp.args.CheckpointArgs):
+    input: CheckpointableInput
+
+
+@ocp.args.register_with_handler(_InputIteratorHandler, for_restore=True)
+@dataclasses.dataclass
+class InputIteratorRestore(ocp.args.CheckpointArgs):
+    input: CheckpointableInput
 
 
 def _as_path(directory: str | os.PathLike) -> epath.Path:
@@ -84,7 +152,7 @@ class Checkpointer:
                 enable_async_checkpointing=asynchronous,
                 create=True,
             ),
-            item_names=(STATE_ITEM, INPUT_ITEM),
+            item_names=(STATE_ITEM, INPUT_ITEM, INPUT_ITERATOR_ITEM),
         )
 
     # -- queries -----------------------------------------------------------------------------
@@ -103,14 +171,18 @@ class Checkpointer:
 
     # -- save / restore ----------------------------------------------------------------------
 
-    def save(self, step: int, *, state: Any, input_state: dict, force: bool = False) -> bool:
-        """Starts saving `state` and `input_state` as `step`; returns whether a save was started.
+    def save(self, step: int, *, state: Any, input_state: dict, input_iterator: Optional[CheckpointableInput] = None,
+             force: bool = False) -> bool:
+        """Starts saving `state` and `input_state` (and `input_iterator`'s state, taken before this returns) as
+        `step`; returns whether a save was started.
 
         Nothing is written when `step` is not due (see `save_interval_steps`; `force` overrides) or
         already has a checkpoint (which is never overwritten).
 
         `input_state` must be a JSON-serializable dict of plain Python values (no numpy scalars).
         """
+        if input_iterator is not None and not isinstance(input_iterator, CheckpointableInput):
+            raise TypeError(f"input_iterator must be a CheckpointableInput, got {type(input_iterator).__name__}")
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ValueError(f"step must be a non-negative int, got {step!r}")
         if not isinstance(input_state, dict):
@@ -123,13 +195,10 @@ class Checkpointer:
             # Never overwrite: e.g. a forced final save of a step the periodic save already wrote.
             logger.info("Checkpoint of step %d already exists in %s; not saving again", step, self.directory)
             return False
-        saved = self._manager.save(
-            step,
-            args=ocp.args.Composite(
-                **{STATE_ITEM: ocp.args.StandardSave(state), INPUT_ITEM: ocp.args.JsonSave(input_state)}
-            ),
-            force=force,
-        )
+        items = {STATE_ITEM: ocp.args.StandardSave(state), INPUT_ITEM: ocp.args.JsonSave(input_state)}
+        if input_iterator is not None:
+            items[INPUT_ITERATOR_ITEM] = InputIteratorSave(input_iterator)
+        saved = self._manager.save(step, args=ocp.args.Composite(**items), force=force)
         if saved:
             logger.info("Checkpoint of step %d started in %s", step, self.directory)
         return saved
@@ -159,6 +228,24 @@ class Checkpointer:
         )
         logger.info("Restored checkpoint of step %d from %s", step, self.directory)
         return restored[STATE_ITEM], dict(restored[INPUT_ITEM])
+
+    def has_input_iterator(self, step: int) -> bool:
+        """Whether checkpoint `step` (finished) holds an input iterator state (older checkpoints do not)."""
+        self._manager.wait_until_finished()
+        return step in self.all_steps() and (self.directory / str(step) / INPUT_ITERATOR_ITEM).is_dir()
+
+    def restore_input_iterator(self, step: int, *, input_iterator: CheckpointableInput) -> bool:
+        """Puts `input_iterator` where checkpoint `step` left it (`CheckpointableInput.restore_input_state`): True
+        if restored, False where that save could not keep a state. FileNotFoundError when the step has no input
+        iterator item (see `has_input_iterator`)."""
+        if not self.has_input_iterator(step):
+            raise FileNotFoundError(f"no input iterator state in {self.directory / str(step)}")
+        restored = self._manager.restore(
+            step, args=ocp.args.Composite(**{INPUT_ITERATOR_ITEM: InputIteratorRestore(input_iterator)}))
+        ok = bool(restored[INPUT_ITERATOR_ITEM])
+        if ok:
+            logger.info("Restored the input iterator of step %d from %s", step, self.directory)
+        return ok
 
     def saved_params(self, step: int) -> dict[str, jax.ShapeDtypeStruct]:
         """'/'-joined path -> shape and dtype of each leaf of `state.params` saved at `step` (read from metadata)."""

@@ -52,7 +52,11 @@ class RunData(Protocol):
 
     def train_batches(self, *, docid_space: Optional[DocidSpace], batch_size: int, seed: int, start_batch: int,
                       shard_index: int, num_shards: int) -> Iterator[dict]:
-        """This process's rows of the global training batches from `start_batch` on, as the model's features."""
+        """This process's rows of the global training batches from `start_batch` on, as the model's features. An
+        iterator that is also a `checkpoints.CheckpointableInput` has its state saved with every checkpoint and, on
+        resume, is put back where the checkpoint left it from that state (`training.restore_input`) before it reads
+        anything, so resuming takes time independent of `start_batch`; any other iterator must reach `start_batch`
+        in such time itself (host-made batches address batch b directly)."""
 
     @property
     def mixture_name(self) -> str:
@@ -61,7 +65,8 @@ class RunData(Protocol):
 
 class SeqioExamplesData:
     """What a `RunData` whose examples are a registered seqio mixture (`mixture_name`) shares: its training batches
-    come from `gr_jax.data.pipeline.train_batches` (the registered tasks hold the docid space)."""
+    come from `gr_jax.data.pipeline.train_batches` (the registered tasks hold the docid space), a checkpointable
+    tf.data iterator (`pipeline.TrainBatches`)."""
 
     def train_batches(self, *, docid_space: Optional[DocidSpace], batch_size: int, seed: int, start_batch: int,
                       shard_index: int, num_shards: int) -> Iterator[dict]:

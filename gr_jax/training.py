@@ -2,22 +2,26 @@
 
 Every argument is a plain keyword: gin binds them at the entry point (`python -m gr_jax.train`), never here.
 Resuming restores the latest checkpoint *and* the number of batches consumed, and the input pipeline restarts
-exactly there, so after a restart no training example is skipped or repeated.
+exactly there, so after a restart no training example is skipped or repeated: the seqio pipeline from the tf.data
+iterator state saved with that checkpoint (`restore_input`, time independent of the step), the host-made sources
+by addressing the batch directly.
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import pathlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Optional, Protocol
 
 import jax
 import numpy as np
 import tqdm
 
+from gr_jax import checkpoints
 from gr_jax import metric_writers
 from gr_jax import partitioning
 from gr_jax.actions import (Action, EvaluateRetrieval, SaveCheckpoint, SelectModel, StopOnNonFiniteLoss,
@@ -36,6 +40,7 @@ class RunExperiment(Protocol):
     `gr_jax.dense.experiment.DenseExperiment` (gin: the `EXPERIMENT` macro of runs/train.gin, dense/train.gin)."""
     model_dir: str
     seed: int
+    batch_size: int
 
     def build(self, *, keep_checkpoints: int = 3) -> BuiltRun: ...
 
@@ -103,14 +108,73 @@ class EvalConfig:
         return [select, final]
 
 
-def initial_state(built: BuiltRun) -> tuple[Any, int]:
-    """(train state, batches consumed): the latest checkpoint's, or a fresh state (`built.init_state()`)."""
+def initial_state(built: BuiltRun) -> tuple[Any, int, Optional[int]]:
+    """(train state, batches consumed, the checkpoint step whose saved input iterator state continues the input or
+    None): the latest checkpoint's (`resume_position`), or a fresh state (`built.init_state()`) at batch 0."""
     latest = built.checkpointer.latest_step()
-    if latest is not None:
-        state, input_state = built.checkpointer.restore(latest, abstract_state=built.trainer.abstract_state)
-        logger.info("resumed from step %d (batch %d)", latest, input_state["batches_consumed"])
-        return state, int(input_state["batches_consumed"])
-    return built.init_state(), 0
+    if latest is None:
+        return built.init_state(), 0, None
+    state, input_state = built.checkpointer.restore(latest, abstract_state=built.trainer.abstract_state)
+    start_batch, same_batches = resume_position(input_state, experiment=built.experiment,
+                                                where=f"{built.checkpointer.directory / str(latest)}")
+    logger.info("resumed from step %d (batch %d)", latest, start_batch)
+    return state, start_batch, latest if same_batches else None
+
+
+def resume_position(input_state: Mapping[str, Any], *, experiment: RunExperiment, where: str) -> tuple[int, bool]:
+    """(the batch this run resumes at, whether the saved input iterator state applies) from a checkpoint's input
+    state: never a position that is not where the saved run stopped. Another seed is another example stream, with
+    no such position: an error. Another global batch size resumes at the same example (re-reading the input, with a
+    warning) when the examples consumed fill whole new batches, else is an error. Older checkpoints do not record
+    the batch size: it is taken as unchanged."""
+    consumed = int(input_state["batches_consumed"])
+    saved_seed = input_state.get("seed")
+    if saved_seed is not None and saved_seed != experiment.seed:
+        raise ValueError(f"{where}: the run consumed {consumed} batches of the seed-{saved_seed} example stream; this "
+                         f"run's seed is {experiment.seed}, whose stream has no place to continue it. Set the seed "
+                         f"back to {saved_seed}, or train in a new model_dir (Experiment.init_checkpoint can start it "
+                         f"from this run)")
+    saved_batch = input_state.get("batch_size")
+    if saved_batch is None or saved_batch == experiment.batch_size:
+        return consumed, True
+    examples = consumed * int(saved_batch)
+    if examples % experiment.batch_size:
+        raise ValueError(f"{where}: the run consumed {consumed} batches of {saved_batch} examples ({examples}), not a "
+                         f"whole number of this run's batches of {experiment.batch_size}: no batch starts where it "
+                         f"stopped. Resume with batch_size={saved_batch} (or a divisor of {examples})")
+    start = examples // experiment.batch_size
+    logger.warning("%s: the global batch size changed from %s to %d; resuming at batch %d (the same example, "
+                   "%d) by re-reading the input, since the saved iterator state is for batches of %s", where,
+                   saved_batch, experiment.batch_size, start, examples, saved_batch)
+    return start, False
+
+
+def restore_input(run: TrainingRun, batches: Iterator) -> None:
+    """Puts a checkpointable input (`checkpoints.CheckpointableInput`: the seqio pipeline) where the checkpoint
+    the run resumed from left it, from the iterator state saved with it, in time independent of the step. A
+    checkpoint without that state (saved before gr_jax kept one) leaves the input to re-read its consumed batches:
+    exact too, with a warning, as it takes time linear in the step. Other inputs (dense, GDR and host-made sources)
+    start at `run.start_batch` themselves: they address batch b directly, in time independent of b."""
+    if run.input_checkpoint is None or not isinstance(batches, checkpoints.CheckpointableInput):
+        return
+    checkpointer = run.built.checkpointer
+    if not checkpointer.has_input_iterator(run.input_checkpoint):
+        logger.warning("checkpoint %d in %s has no input iterator state (saved before gr_jax kept one): resuming "
+                       "the input by re-reading the %d batches it consumed, in time linear in the step",
+                       run.input_checkpoint, checkpointer.directory, run.start_batch)
+        return
+    checkpointer.restore_input_iterator(run.input_checkpoint, input_iterator=batches)
+
+
+EXAMPLES_RECORD = "train_examples-{process}-of-{count}.jsonl"
+
+
+def example_fingerprints(batch: Mapping[str, Any]) -> list[str]:
+    """One short hash per row of a batch: every feature's bytes of that row (features in name order), so two runs
+    trained on the same examples in the same order record the same strings."""
+    arrays = [np.asarray(batch[name]) for name in sorted(batch)]
+    return [hashlib.sha256(b"".join(a[row].tobytes() for a in arrays)).hexdigest()[:16]
+            for row in range(len(arrays[0]))]
 
 
 def summarize_steps(pending: Sequence[Mapping[str, Any]], *, seconds: float,
@@ -130,14 +194,28 @@ def summarize_steps(pending: Sequence[Mapping[str, Any]], *, seconds: float,
 
 
 def training_loop(*, run: TrainingRun, state: Any, num_train_steps: int, actions: Sequence[Action],
-                  report_every_steps: int, progress: bool = True) -> tuple[Any, dict[str, float]]:
+                  report_every_steps: int, progress: bool = True,
+                  record_examples: bool = False) -> tuple[Any, dict[str, float]]:
     """Steps the trainer until `num_train_steps` or until an action stops it; returns (state, the run's report).
 
     Reports (see `gr_jax.actions`) at every `report_every_steps`-th step, the last step, and wherever an action
-    with a period is due.
+    with a period is due. `record_examples` appends `{"step": s, "examples": example_fingerprints(batch)}` per step
+    to `model_dir/train_examples-{process}-of-{count}.jsonl` (flushed each step), to check which examples a run
+    trained on in which order, e.g. across restarts (steps re-run after a restart appear again: the last record
+    of a step is the one the final state saw).
     """
     built, experiment = run.built, run.built.experiment
     batches = built.train_batches(start_batch=run.start_batch)
+    restore_input(run, batches)
+    run.batches = batches
+    record = None
+    if record_examples:
+        path = run.model_dir / EXAMPLES_RECORD.format(process=jax.process_index(), count=jax.process_count())
+        record = open(path, "a+")
+        if record.tell():
+            record.seek(record.tell() - 1)
+            if record.read(1) != "\n":
+                record.write("\n")  # a line cut by a killed run stays alone on its line
     tokens_per_batch = built.tokens_per_batch
     rng = jax.random.PRNGKey(experiment.seed + 1)
     step = run.start_step
@@ -147,8 +225,12 @@ def training_loop(*, run: TrainingRun, state: Any, num_train_steps: int, actions
     bar = tqdm.tqdm(total=num_train_steps, initial=step, desc="train", unit="step", disable=not progress)
     try:
         while step < num_train_steps and not stop:
-            state, metrics = built.trainer.train_step(state, next(batches), rng)
+            batch = next(batches)
+            state, metrics = built.trainer.train_step(state, batch, rng)
             step += 1
+            if record is not None:
+                record.write(json.dumps({"step": step, "examples": example_fingerprints(batch)}) + "\n")
+                record.flush()
             pending.append(metrics)
             bar.update(1)
             last = step == num_train_steps
@@ -169,6 +251,8 @@ def training_loop(*, run: TrainingRun, state: Any, num_train_steps: int, actions
         for action in actions:
             action.end(run, final)
     finally:
+        if record is not None:
+            record.close()
         bar.close()
         built.checkpointer.wait_until_finished()
         run.writer.flush()
@@ -177,12 +261,14 @@ def training_loop(*, run: TrainingRun, state: Any, num_train_steps: int, actions
 
 def train(*, experiment: RunExperiment, num_train_steps: int, checkpoint_every_steps: int = 1000,
           keep_checkpoints: int = 3, log_every_steps: int = 50, eval_config: EvalConfig = EvalConfig(),
-          actions: Sequence[Action] = (), gin_config_str: str = "", progress: bool = True) -> dict[str, float]:
+          actions: Sequence[Action] = (), gin_config_str: str = "", progress: bool = True,
+          record_examples: bool = False) -> dict[str, float]:
     """Trains until `num_train_steps` (resuming from the experiment's model_dir); returns the final metrics.
 
     The loop's actions, in order: the non-finite loss guard, the train metric writer, checkpoints every
     `checkpoint_every_steps`, `eval_config`'s evaluation (and model selection), then `actions` (new objectives'
-    evaluations, e.g. from gin: `training.train.actions = [...]`).
+    evaluations, e.g. from gin: `training.train.actions = [...]`). `record_examples` (off by default; gin:
+    `training.train.record_examples = True`) writes each step's example fingerprints (see `training_loop`).
     """
     model_dir = pathlib.Path(experiment.model_dir)
     model_dir.mkdir(parents=True, exist_ok=True)
@@ -190,15 +276,16 @@ def train(*, experiment: RunExperiment, num_train_steps: int, checkpoint_every_s
     logger.info("model: %s, %d parameters", built.model.config, built.trainer.param_count())
     if gin_config_str and partitioning.is_primary_process():
         (model_dir / "config.gin").write_text(gin_config_str)
-    state, start_batch = initial_state(built)
+    state, start_batch, input_checkpoint = initial_state(built)
     run = TrainingRun(built=built, writer=metric_writers.create_writer(model_dir),
-                      start_step=int(jax.device_get(state.step)), start_batch=start_batch)
+                      start_step=int(jax.device_get(state.step)), start_batch=start_batch,
+                      input_checkpoint=input_checkpoint)
     if gin_config_str and run.start_step == 0:
         run.writer.write_texts(0, {"config": gin_config_str})
     all_actions = [StopOnNonFiniteLoss(), WriteTrainMetrics(), SaveCheckpoint(every_steps=checkpoint_every_steps),
                    *eval_config.actions(built, show_progress=progress), *actions]
     _, report = training_loop(run=run, state=state, num_train_steps=num_train_steps, actions=all_actions,
-                              report_every_steps=log_every_steps, progress=progress)
+                              report_every_steps=log_every_steps, progress=progress, record_examples=record_examples)
     if partitioning.is_primary_process():
         (model_dir / "final_metrics.json").write_text(json.dumps(report, indent=1))
     return report

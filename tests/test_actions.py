@@ -19,10 +19,11 @@ class FakeCheckpointer:
         self.saved: dict[int, dict] = {}
         self.directory = "/fake/checkpoints"
 
-    def save(self, step, *, state, input_state, force=False):
+    def save(self, step, *, state, input_state, input_iterator=None, force=False):
         if step in self.saved:
             return False
-        self.saved[step] = {"state": state, "input_state": input_state, "force": force}
+        self.saved[step] = {"state": state, "input_state": input_state, "force": force,
+                            "input_iterator": input_iterator}
         return True
 
     def latest_step(self):
@@ -61,7 +62,7 @@ class ScoreTableRetriever:
 def _run(tmp_path, *, start_step=0, start_batch=0):
     built = types.SimpleNamespace(checkpointer=FakeCheckpointer(),
                                   trainer=types.SimpleNamespace(abstract_state=types.SimpleNamespace(params=None)),
-                                  experiment=types.SimpleNamespace(model_dir=str(tmp_path), seed=7))
+                                  experiment=types.SimpleNamespace(model_dir=str(tmp_path), seed=7, batch_size=4))
     return actions.TrainingRun(built=built, writer=FakeWriter(), start_step=start_step, start_batch=start_batch)
 
 
@@ -100,9 +101,43 @@ def test_save_checkpoint_every_n_steps_at_the_last_and_where_training_stopped(tm
     save.end(run, _progress(17))  # never twice
     saved = run.built.checkpointer.saved
     assert sorted(saved) == [12, 16, 17] and saved[17]["force"] and not saved[12]["force"]
-    assert [saved[s]["input_state"] for s in (12, 16, 17)] == [{"batches_consumed": b, "seed": 7} for b in (32, 36, 37)]
+    assert [saved[s]["input_state"] for s in (12, 16, 17)] == [
+        {"batches_consumed": b, "seed": 7, "batch_size": 4, "num_processes": 1} for b in (32, 36, 37)]
+    assert all(saved[s]["input_iterator"] is None for s in saved)  # a plain iterator has no state to save
     with pytest.raises(ValueError, match="every_steps must be >= 1"):
         actions.SaveCheckpoint(every_steps=0)
+
+
+class CountingBatches:
+    """A checkpointable input (`checkpoints.CheckpointableInput`) that only counts."""
+
+    def __init__(self, start):
+        self.batches_consumed = start
+
+    def __next__(self):
+        self.batches_consumed += 1
+        return self.batches_consumed
+
+    def save_input_state(self, directory):
+        raise AssertionError("the fake checkpointer never calls it")
+
+    def restore_input_state(self, directory):
+        raise AssertionError("the fake checkpointer never calls it")
+
+
+def test_save_checkpoint_hands_a_checkpointable_input_over_at_the_step_position(tmp_path):
+    run = _run(tmp_path, start_step=10, start_batch=30)
+    run.batches = CountingBatches(30)
+    save = actions.SaveCheckpoint(every_steps=2)
+    for _ in range(2):
+        next(run.batches)
+    save(run, _progress(12))
+    saved = run.built.checkpointer.saved[12]
+    assert saved["input_iterator"] is run.batches and saved["input_state"]["batches_consumed"] == 32
+    for _ in range(3):  # one batch more than the two steps since: that state would resume one batch late
+        next(run.batches)
+    with pytest.raises(RuntimeError, match="consumed 35 batches at step 14, expected 34"):
+        save(run, _progress(14))
 
 
 QUERIES = [("q1", "a"), ("q2", "b")]

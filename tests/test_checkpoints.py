@@ -1,4 +1,6 @@
 """Orbax checkpoints of sharded state + input position on 8 simulated CPU devices."""
+import pathlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -170,3 +172,54 @@ def test_bad_arguments(tmp_path, mesh):
             checkpointer.restore(abstract_state=no_sharding)
     with pytest.raises(ValueError, match="max_to_keep"):
         Checkpointer(tmp_path / "other", max_to_keep=0)
+
+
+class CountingInput:
+    """A `CheckpointableInput` whose state is the number of batches it yielded, one file per process (as the seqio
+    pipeline's), so a test can see which state each step kept."""
+
+    def __init__(self, *, process: int = 0, count: int = 1):
+        self.consumed = 0
+        self.name = f"train_ds-{process}-of-{count}"
+
+    def __next__(self):
+        self.consumed += 1
+        return self.consumed
+
+    def save_input_state(self, directory):
+        (pathlib.Path(directory) / self.name).write_text(str(self.consumed))
+
+    def restore_input_state(self, directory):
+        self.consumed = int((pathlib.Path(directory) / self.name).read_text())
+        return True
+
+
+@pytest.mark.parametrize("asynchronous", [True, False])
+def test_input_iterator_state_is_taken_at_save_kept_with_its_step_and_pruned_with_it(tmp_path, mesh, asynchronous):
+    from gr_jax.checkpoints import INPUT_ITERATOR_ITEM, CheckpointableInput
+    directory = tmp_path / "ckpt"
+    batches = CountingInput()
+    assert isinstance(batches, CheckpointableInput)
+    saved_at = {}
+    with Checkpointer(directory, max_to_keep=2, asynchronous=asynchronous) as checkpointer:
+        for step in range(1, 5):
+            next(batches)
+            saved_at[step] = batches.consumed
+            assert checkpointer.save(step, state=_state(mesh, step), input_state={"batches_consumed": step},
+                                     input_iterator=batches)
+            next(batches)  # the loop moves on while the save is still being written: the saved state must not
+        assert checkpointer.save(5, state=_state(mesh, 5), input_state={})  # no iterator (e.g. model selection)
+        checkpointer.wait_until_finished()
+        assert checkpointer.all_steps() == [4, 5]
+        assert not checkpointer.has_input_iterator(5) and checkpointer.has_input_iterator(4)
+        with pytest.raises(FileNotFoundError, match="no input iterator state"):
+            checkpointer.restore_input_iterator(5, input_iterator=CountingInput())
+    # Pruned steps took their iterator state with them; each kept step holds exactly its own.
+    assert sorted(p.name for p in directory.iterdir() if p.name.isdigit()) == ["4", "5"]
+    assert (directory / "4" / INPUT_ITERATOR_ITEM / "train_ds-0-of-1").read_text() == str(saved_at[4]) == "7"
+    with Checkpointer(directory) as checkpointer:
+        resumed = CountingInput()
+        assert checkpointer.restore_input_iterator(4, input_iterator=resumed)
+        assert resumed.consumed == 7
+        with pytest.raises(TypeError, match="CheckpointableInput"):
+            checkpointer.save(6, state=_state(mesh), input_state={}, input_iterator=iter([1]))

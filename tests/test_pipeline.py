@@ -4,6 +4,7 @@ Reference examples come straight from the files and SentencePiece (not from the 
 """
 import hashlib
 import itertools
+import json
 import os
 import pathlib
 import shutil
@@ -178,6 +179,97 @@ def test_resuming_in_a_new_process_continues_the_fresh_run(data_dir):
     expected = [hashlib.sha256(b"".join(batch[key].tobytes() for key in sorted(batch))).hexdigest()
                 for batch in fresh[7:]]
     assert result.stdout.split() == expected
+
+
+def _batches(name, **kwargs):
+    args = dict(mixture_or_task_name=name, batch_size=4, input_length=INPUT_LENGTH, target_length=TARGET_LENGTH,
+                seed=0) | kwargs
+    return pipeline.train_batches(**args)
+
+
+@pytest.mark.parametrize("name", ["pipe.firstp_labeled.naive", "pipe.firstp_daq_d2q_labeled.naive"])
+def test_restoring_the_saved_iterator_state_continues_the_fresh_run(name, tmp_path):
+    """The O(1) resume: the tf.data state saved after k batches, restored into a new pipeline, yields batch k on,
+    at arbitrary k (before, during and after the first epoch and the caches filling); saving does not disturb the
+    saving run either."""
+    fresh = _train(name, n=40, seed=3)
+    batches, states, seen = _batches(name, seed=3), {}, []
+    for k in range(36):
+        if k in (0, 1, 6, 17, 35):
+            states[k] = tmp_path / str(k)
+            states[k].mkdir()
+            batches.save_input_state(str(states[k]))
+            assert batches.batches_consumed == k
+        seen.append(next(batches))
+    _assert_same(seen, fresh[:36])
+    for k, directory in states.items():
+        resumed = _batches(name, seed=3, start_batch=k)
+        assert resumed.restore_input_state(str(directory)), k  # from the saved state, not by re-reading
+        _assert_same(_take(resumed, 5), fresh[k:k + 5])
+        assert resumed.batches_consumed == k + 5
+
+
+def test_each_host_saves_and_restores_its_own_iterator_state(tmp_path):
+    name = "pipe.firstp_daq_d2q_labeled.naive"
+    fresh = [_train(name, n=10, seed=1, shard_index=i, num_shards=2) for i in range(2)]
+    for i in range(2):
+        batches = _batches(name, seed=1, shard_index=i, num_shards=2)
+        _take(batches, 6)
+        batches.save_input_state(str(tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".json") == [
+        "train_ds-0-of-2.json", "train_ds-1-of-2.json"]
+    for i in range(2):
+        resumed = _batches(name, seed=1, shard_index=i, num_shards=2, start_batch=6)
+        assert resumed.restore_input_state(str(tmp_path))
+        _assert_same(_take(resumed, 4), fresh[i][6:10])
+
+
+def test_a_saved_state_is_never_restored_into_another_stream_or_position(tmp_path):
+    name = "pipe.firstp_labeled.naive"
+    batches = _batches(name, seed=3)
+    _take(batches, 7)
+    batches.save_input_state(str(tmp_path))
+    with pytest.raises(ValueError, match=r"train_ds-0-of-1.json: saved for another input stream.*'seed': \(3, 4\)"):
+        _batches(name, seed=4, start_batch=7).restore_input_state(str(tmp_path))
+    with pytest.raises(ValueError, match="another input stream.*batch_size"):
+        _batches(name, seed=3, batch_size=8, start_batch=7).restore_input_state(str(tmp_path))
+    with pytest.raises(FileNotFoundError, match=r"process 1 of 2 \(the checkpoint has \['train_ds-0-of-1'\]\)"):
+        _batches(name, seed=3, shard_index=1, num_shards=2, start_batch=7).restore_input_state(str(tmp_path))
+    with pytest.raises(ValueError, match="after batch 7, but the checkpoint's input position is batch 6"):
+        _batches(name, seed=3, start_batch=6).restore_input_state(str(tmp_path))
+    started = _batches(name, seed=3, start_batch=7)
+    next(started)
+    with pytest.raises(RuntimeError, match="after the iterator started"):
+        started.restore_input_state(str(tmp_path))
+
+
+def _generator_batches(*, start_batch):
+    """Batches of a Python generator source read in 40 chunks (as tasks/ reads large corpora): tf.data cannot
+    save its iterator while the generator is being read."""
+    def chunks():
+        for i in range(0, 400, 10):
+            yield np.arange(i, i + 10)
+
+    dataset = tf.data.Dataset.from_generator(chunks, output_signature=tf.TensorSpec((None,), tf.int64)).unbatch()
+    dataset = dataset.repeat().shuffle(16, seed=5).batch(4).map(lambda x: {"x": x})
+    return pipeline.TrainBatches(dataset, stream={"seed": 5, "shard_index": 0, "num_shards": 1},
+                                 start_batch=start_batch)
+
+
+def test_a_state_tf_data_cannot_save_is_recorded_and_resumed_by_re_reading(tmp_path, caplog):
+    fresh = _take(_generator_batches(start_batch=0), 12)
+    batches = _generator_batches(start_batch=0)
+    _take(batches, 5)
+    batches.save_input_state(str(tmp_path))
+    _assert_same(_take(batches, 7), fresh[5:])  # a failed save leaves the iterator as it was
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train_ds-0-of-1.json"]  # no partial state files
+    record = json.loads((tmp_path / "train_ds-0-of-1.json").read_text())
+    assert record["state"] is False and "stateful" in record["reason"] and record["batches_consumed"] == 5
+    resumed = _generator_batches(start_batch=5)
+    with caplog.at_level("WARNING"):
+        assert not resumed.restore_input_state(str(tmp_path))
+    assert "no iterator state was saved" in caplog.text
+    _assert_same(_take(resumed, 7), fresh[5:])
 
 
 def test_training_order_is_shuffled_and_repeats_every_example(documents_in_file_order):

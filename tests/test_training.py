@@ -5,6 +5,7 @@ import json
 import math
 import pathlib
 import shutil
+import types
 
 import jax
 import numpy as np
@@ -126,22 +127,59 @@ def _experiment(data_dir, model_dir, *, dropout=0.1, lr=3e-3):
 NO_EVAL = training.EvalConfig(every_steps=-1)
 
 
-def test_resume_equals_uninterrupted_run(data_dir, tmp_path):
+def _records(model_dir) -> dict[int, list[str]]:
+    """Step -> example fingerprints of the step's batch (`training.train(record_examples=True)`), the last record of
+    each step (a step re-run after a restart is recorded again)."""
+    lines = (pathlib.Path(model_dir) / "train_examples-0-of-1.jsonl").read_text().splitlines()
+    return {record["step"]: record["examples"] for record in map(json.loads, lines)}
+
+
+def test_resume_equals_uninterrupted_run(data_dir, tmp_path, caplog):
+    def run(experiment, steps):
+        training.train(experiment=experiment, num_train_steps=steps, checkpoint_every_steps=3, eval_config=NO_EVAL,
+                       progress=False, record_examples=True)
+
     straight = _experiment(data_dir, tmp_path / "straight")
-    training.train(experiment=straight, num_train_steps=6, checkpoint_every_steps=3, eval_config=NO_EVAL,
-                   progress=False)
+    run(straight, 7)
     resumed = _experiment(data_dir, tmp_path / "resumed")
-    training.train(experiment=resumed, num_train_steps=3, checkpoint_every_steps=3, eval_config=NO_EVAL,
-                   progress=False)
+    run(resumed, 5)  # checkpoints 3 and 5 (the last step), each with its input iterator state
+    state_file = tmp_path / "resumed" / "checkpoints" / "5" / checkpoints.INPUT_ITERATOR_ITEM / "train_ds-0-of-1.json"
+    assert json.loads(state_file.read_text())["state"] is True
+    # A checkpoint from before the iterator state was kept: the same resume, by re-reading the input.
+    old = tmp_path / "old"
+    shutil.copytree(tmp_path / "resumed", old)
+    shutil.rmtree(old / "checkpoints" / "5" / checkpoints.INPUT_ITERATOR_ITEM)
     # A new process would rebuild everything: so do we, then continue from the checkpoint and its input position.
-    training.train(experiment=resumed, num_train_steps=6, checkpoint_every_steps=3, eval_config=NO_EVAL,
-                   progress=False)
+    with caplog.at_level("INFO"):
+        run(resumed, 7)
+    assert "Restored the input iterator of step 5" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        run(_experiment(data_dir, old), 7)
+    assert "has no input iterator state" in caplog.text
     a, _ = straight.build().restore()
-    b, input_state = resumed.build().restore()
-    assert int(a.step) == int(b.step) == 6
-    assert input_state["batches_consumed"] == 6
-    for x, y in zip(jax.tree.leaves(jax.device_get(a)), jax.tree.leaves(jax.device_get(b))):
-        np.testing.assert_array_equal(x, y)
+    for model_dir in (tmp_path / "resumed", old):
+        b, input_state = _experiment(data_dir, model_dir).build().restore()
+        assert int(a.step) == int(b.step) == 7
+        assert input_state == {"batches_consumed": 7, "seed": 0, "batch_size": 8, "num_processes": 1}
+        for x, y in zip(jax.tree.leaves(jax.device_get(a)), jax.tree.leaves(jax.device_get(b))):
+            np.testing.assert_array_equal(x, y)
+        assert _records(model_dir) == _records(tmp_path / "straight") and sorted(_records(model_dir)) == [
+            *range(1, 8)]
+
+
+def test_resume_position_refuses_another_seed_and_keeps_the_example_across_batch_sizes():
+    run = types.SimpleNamespace(seed=0, batch_size=8)
+    assert training.resume_position({"batches_consumed": 6, "seed": 0}, experiment=run, where="ckpt") == (6, True)
+    assert training.resume_position({"batches_consumed": 6, "seed": 0, "batch_size": 8}, experiment=run,
+                                    where="ckpt") == (6, True)
+    # 6 batches of 4 are 24 examples: 3 batches of 8, read again (the iterator state is for batches of 4).
+    assert training.resume_position({"batches_consumed": 6, "seed": 0, "batch_size": 4}, experiment=run,
+                                    where="ckpt") == (3, False)
+    with pytest.raises(ValueError, match="ckpt: the run consumed 5 batches of 4 examples \\(20\\), not a whole number"):
+        training.resume_position({"batches_consumed": 5, "seed": 0, "batch_size": 4}, experiment=run, where="ckpt")
+    with pytest.raises(ValueError, match="ckpt: the run consumed 6 batches of the seed-1 example stream"):
+        training.resume_position({"batches_consumed": 6, "seed": 1}, experiment=run, where="ckpt")
 
 
 def test_non_finite_loss_stops_training_and_keeps_last_good_checkpoint(data_dir, tmp_path):

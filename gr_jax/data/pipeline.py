@@ -11,12 +11,21 @@ Multi-host: every host calls with the same arguments and its own `shard_index` (
 `batch_size // num_shards` rows. Examples are sharded before preprocessing (seqio `ShardInfo`), so hosts
 never see the same example, and every host yields the same number of batches.
 
+Resuming (`TrainBatches`): the training iterator's tf.data state is saved with every model checkpoint, one file set
+per process named as t5x's (`train_ds-{process_index}-of-{process_count}`), and read back on restart, so a resumed
+run continues at the exact next example in time independent of the step (`gr_jax.checkpoints` stores it beside the
+orbax step). Where a checkpoint holds no such state, the iterator re-reads the consumed batches instead: exact too,
+in time linear in the step.
+
 TensorFlow only feeds data here: it is kept off accelerators on import (see `_keep_tensorflow_on_cpu`).
 """
 from __future__ import annotations
 
+import json
 import logging
+import os
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import seqio
@@ -80,14 +89,15 @@ def train_batches(
         start_batch: int = 0,
         shard_index: int = 0,
         num_shards: int = 1,
-) -> Iterator[dict[str, np.ndarray]]:
+) -> TrainBatches:
     """Endless shuffled training batches: `{feature: int32[batch_size // num_shards, length]}` (see module doc).
 
     The order is a function of (`seed`, `num_shards`, `shard_index`) alone: seqio's shuffle buffers and
     mixture sampling are seeded, and tf.data is kept deterministic. `start_batch=k` resumes after a restart
-    at exactly the k-th batch of a fresh run (no example skipped or repeated) by fast-forwarding the
-    pipeline, which costs preprocessing time linear in `k` but no model time. Incomplete batches never
-    occur (the data repeats forever, so `drop_remainder` drops nothing).
+    at exactly the k-th batch of a fresh run (no example skipped or repeated): by reading the iterator state
+    saved at batch k when the caller has one (`TrainBatches.restore_input_state`, time independent of k), else
+    by re-reading the first k batches on the first `next` (time linear in k, no model time). Incomplete
+    batches never occur (the data repeats forever, so `drop_remainder` drops nothing).
     """
     host_batch = _host_batch_size(batch_size=batch_size, shard_index=shard_index, num_shards=num_shards)
     if start_batch < 0:
@@ -103,8 +113,125 @@ def train_batches(
         seed=seed,
         verbose=False,
     )
-    dataset = dataset.batch(host_batch, drop_remainder=True).skip(start_batch)
-    return _with_options(dataset).prefetch(tf.data.AUTOTUNE).as_numpy_iterator()
+    # No `skip` in the graph: the saved iterator state is only valid for the graph it was saved from, so every
+    # run of a config builds the same one, and a resume without state skips in `TrainBatches` instead.
+    dataset = _with_options(dataset.batch(host_batch, drop_remainder=True)).prefetch(tf.data.AUTOTUNE)
+    stream = {"mixture_or_task_name": mixture_or_task_name, "batch_size": batch_size, "input_length": input_length,
+              "target_length": target_length, "seed": seed, "shard_index": shard_index, "num_shards": num_shards}
+    return TrainBatches(dataset, stream=stream, start_batch=start_batch)
+
+
+def state_name(*, shard_index: int, num_shards: int) -> str:
+    """The file prefix of one process's iterator state in a checkpoint (t5x's name)."""
+    return f"train_ds-{shard_index}-of-{num_shards}"
+
+
+# Errors of tf.data's SerializeIterator for a pipeline that holds state it cannot save: a Python generator source
+# (`from_generator`: the documents and D2Q sources of tasks/) still being read, i.e. before its in-memory cache is
+# complete, and always for an uncached stream.
+_UNSAVEABLE = (tf.errors.FailedPreconditionError, tf.errors.UnimplementedError)
+
+
+class TrainBatches(Iterator[dict[str, np.ndarray]]):
+    """The training batches of `train_batches`: a real tf.data iterator (not `as_numpy_iterator`, whose state
+    cannot be saved), each element converted to numpy here, whose position can be saved and restored.
+
+    `stream` names the batch sequence (mixture, global batch, lengths, seed, shard of num_shards): a state is only
+    restored into the same stream. `batches_consumed` counts from the fresh run's first batch. The tf.data iterator
+    starts on the first `next` (re-reading `start_batch` batches then) or on `restore_input_state`, so a run that
+    restores its state never re-reads.
+    """
+
+    def __init__(self, dataset: tf.data.Dataset, *, stream: dict[str, Any], start_batch: int):
+        self._dataset = dataset
+        self.stream = dict(stream)
+        self._pending_skip = start_batch
+        self._consumed = start_batch
+        self._iterator = None
+        self.name = state_name(shard_index=stream["shard_index"], num_shards=stream["num_shards"])
+
+    @property
+    def batches_consumed(self) -> int:
+        """Batches of the fresh run before the next one (the start batch plus those yielded)."""
+        return self._consumed
+
+    def _tf_iterator(self):
+        if self._iterator is None:
+            self._iterator = iter(self._dataset)
+            if self._pending_skip:
+                logger.info("%s: re-reading %d batches to resume there (no saved iterator state)", self.name,
+                            self._pending_skip)
+                for _ in range(self._pending_skip):
+                    next(self._iterator)
+                self._pending_skip = 0
+        return self._iterator
+
+    def __iter__(self) -> TrainBatches:
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        element = next(self._tf_iterator())
+        self._consumed += 1
+        return {name: value.numpy() for name, value in element.items()}
+
+    def save_input_state(self, directory: str) -> None:
+        """Writes this process's state after `batches_consumed` batches into `directory` (synchronously):
+        `{name}.index` / `{name}.data-*` (tf.train.Checkpoint of the iterator) and `{name}.json` (the stream and
+        position). A pipeline whose state tf.data cannot save (see `_UNSAVEABLE`) gets only the JSON, saying why,
+        and a warning: a resume from that checkpoint re-reads instead."""
+        prefix = os.path.join(directory, self.name)
+        record: dict[str, Any] = {**self.stream, "batches_consumed": self._consumed}
+        try:
+            tf.train.Checkpoint(iterator=self._tf_iterator()).write(prefix)
+            record["state"] = True
+        except _UNSAVEABLE as e:
+            for path in tf.io.gfile.glob(prefix + ".*"):
+                tf.io.gfile.remove(path)
+            reason = str(e.message).strip().splitlines()[0] if e.message else type(e).__name__
+            record |= {"state": False, "reason": reason}
+            logger.warning("%s: tf.data cannot save the input iterator after batch %d (%s: a generator source is "
+                           "still being read before its in-memory cache is complete, or streams every epoch); a "
+                           "resume from this checkpoint re-reads its batches instead", self.name, self._consumed,
+                           reason)
+        with tf.io.gfile.GFile(prefix + ".json", "w") as f:
+            f.write(json.dumps(record, sort_keys=True))
+
+    def restore_input_state(self, directory: str) -> bool:
+        """Continues from the state saved in `directory` (by `save_input_state` of a run of the same stream at
+        this `start_batch`); returns False, with a warning, when that save could not keep the iterator state (the
+        first `next` then re-reads). Raises, naming the file, when `directory` has no state of this process
+        (another process count saved it) or one of another stream or position: never resumes anywhere else."""
+        if self._iterator is not None:
+            raise RuntimeError(f"{self.name}: restore_input_state after the iterator started")
+        prefix = os.path.join(directory, self.name)
+        if not tf.io.gfile.exists(prefix + ".json"):
+            saved = sorted(os.path.basename(p)[:-len(".json")] for p in tf.io.gfile.glob(
+                os.path.join(directory, "train_ds-*-of-*.json")))
+            raise FileNotFoundError(
+                f"{prefix}.json: no input iterator state of process {self.stream['shard_index']} of "
+                f"{self.stream['num_shards']} (the checkpoint has {saved or 'none'}). A seqio stream is split by "
+                f"process count, so a run cannot continue another count's streams exactly: resume with the count "
+                f"that saved it, or train in a new model_dir starting from this one (Experiment.init_checkpoint)")
+        with tf.io.gfile.GFile(prefix + ".json") as f:
+            record = json.loads(f.read())
+        different = {key: (record.get(key), value) for key, value in self.stream.items() if record.get(key) != value}
+        if different:
+            raise ValueError(f"{prefix}.json: saved for another input stream; (saved, this run): {different}")
+        if record.get("batches_consumed") != self._consumed:
+            raise ValueError(f"{prefix}.json: the iterator state is after batch {record.get('batches_consumed')}, "
+                             f"but the checkpoint's input position is batch {self._consumed}")
+        if not record.get("state"):
+            logger.warning("%s.json: no iterator state was saved (%s); re-reading %d batches to resume", prefix,
+                           record.get("reason"), self._pending_skip)
+            return False
+        iterator = iter(self._dataset)
+        try:
+            tf.train.Checkpoint(iterator=iterator).read(prefix).assert_consumed()
+        except (tf.errors.OpError, AssertionError, ValueError) as e:
+            raise ValueError(f"{prefix}: cannot restore the input iterator state into this pipeline (was the task's "
+                             f"preprocessing changed?): {e}") from e
+        self._iterator, self._pending_skip = iterator, 0
+        return True
 
 
 def _num_examples(provider: seqio.Task, *, split: str) -> int | None:
