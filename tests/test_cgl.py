@@ -119,7 +119,7 @@ def test_a_document_named_by_several_strings_scores_their_mean_loss():
     checked against scoring every (query, string) pair on its own; with one string each it is that string's."""
     table = _table(20, np.random.default_rng(3))
     run = _stand_in_run(table)
-    scorer = CglScorer(run, config=CglConfig(batch_size=2))
+    scorer = CglScorer(run, config=CglConfig(batch_size=2, candidates_per_call=3))  # 8 strings a query: 3 calls
     identifiers = DocumentIdentifiers.from_lists(["a", "b", "c", "d"], [np.array([0, 5, 7]), np.array([1]),
                                                                         np.array([2, 3]), np.array([4, 8, 9, 10])])
     rng = np.random.default_rng(4)

@@ -48,12 +48,15 @@ class CglConfig:
     token_reduction: TokenReduction = "mean"
     seed: int = 0
     batch_size: int = 8  # queries per compiled call, each with its positives and num_negatives candidates
+    # identifier strings per query in one compiled call (a fixed width, the last part padded): bounds the logits
+    # [batch_size * candidates_per_call, length, vocab] when documents have many strings (n-gram ids)
+    candidates_per_call: int = 1024
     max_queries: Optional[int] = None  # the split's first queries only
 
     def __post_init__(self):
-        if self.num_negatives < 1 or self.batch_size < 1:
-            raise ValueError(f"num_negatives and batch_size must be >= 1, got {self.num_negatives}, "
-                             f"{self.batch_size}")
+        if self.num_negatives < 1 or self.batch_size < 1 or self.candidates_per_call < 1:
+            raise ValueError(f"num_negatives, batch_size and candidates_per_call must be >= 1, got "
+                             f"{self.num_negatives}, {self.batch_size}, {self.candidates_per_call}")
         if self.positive_reduction not in ("min", "mean") or self.token_reduction not in ("mean", "sum"):
             raise ValueError(f"positive_reduction must be 'min' or 'mean' and token_reduction 'mean' or 'sum', got "
                              f"{self.positive_reduction!r}, {self.token_reduction!r}")
@@ -130,7 +133,12 @@ class CglScorer:
                 n = sum(len(part) for part in parts)
                 rows[q, :n] = np.concatenate(parts)
                 owner[q, :n] = np.repeat(slots, [len(part) for part in parts])
-        losses = self.candidate_losses(params, tokens, rows, show_progress=show_progress).astype(np.float64)
+        per_call = min(width, self.config.candidates_per_call)
+        parts = -(-width // per_call)
+        rows = np.pad(rows, ((0, 0), (0, parts * per_call - width)), constant_values=-1)
+        losses = np.concatenate([self.candidate_losses(params, tokens, rows[:, i * per_call:(i + 1) * per_call],
+                                                       show_progress=show_progress)
+                                 for i in range(parts)], axis=1)[:, :width].astype(np.float64)
         out = np.full(documents.shape, np.nan)
         for q in range(len(documents)):
             kept = owner[q] >= 0
