@@ -27,6 +27,14 @@ def generation_losses(log_likelihood: np.ndarray, positions: np.ndarray, *,
     return -log_likelihood / positions if token_reduction == "mean" else -log_likelihood
 
 
+def _trimmed(candidates: np.ndarray) -> np.ndarray:
+    """candidates [B, C, T] cut to the positions their longest sequence uses, rounded up to a multiple of 8 (so few
+    shapes compile): a table padded to a rare long sequence (n-gram windows: mean 10 tokens, longest 38) would
+    otherwise decode mostly padding. Scores are unchanged: padding positions score nothing."""
+    used = int(np.max(np.nonzero(candidates.any(axis=(0, 1)))[0], initial=0)) + 1
+    return candidates[:, :, :min(candidates.shape[2], -(-used // 8) * 8)]
+
+
 class CandidateScorer:
     """built: a generative run (`gr_jax.experiment.Built`) with a docid space; batch_size: queries per compiled
     call (rounded up to a multiple of the data axis)."""
@@ -60,7 +68,7 @@ class CandidateScorer:
                     chunks, total=-(-len(tokens) // self.batch_size), desc=desc, unit="batch", leave=False,
                     disable=not show_progress):
                 log_likelihood, positions = jax.device_get(self._scores(params, put(query_chunk),
-                                                                        put(candidate_chunk)))
+                                                                        put(_trimmed(candidate_chunk))))
                 out.append((np.asarray(log_likelihood)[:real], np.asarray(positions)[:real]))
         if not out:
             empty = np.zeros((0, rows.shape[1]), np.float32)

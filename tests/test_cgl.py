@@ -165,7 +165,7 @@ def test_cgl_during_training_and_from_the_entry_point(spm_data_dir, tmp_path, ca
     # The fixture's dev split judges one document that is not in the collection: that query is counted, not scored.
     assert result["num_queries"] == 3 and result["queries_without_positive"] == 1
     assert result["settings"] == {"num_negatives": 4, "positive_reduction": "min", "token_reduction": "mean",
-                                  "seed": 0, "batch_size": 8, "max_queries": None}
+                                  "seed": 0, "batch_size": 8, "candidates_per_call": 1024, "max_queries": None}
     assert result["chance"] == pytest.approx(math.log(5 / 4))
     # One query has two judged documents: averaging them instead of taking the better one raises its CGL.
     gin.clear_config()
