@@ -17,9 +17,12 @@ restricted to the trie's allowed tokens, so a docid's score is the model's log-l
 invalid docid can never be emitted. Candidates are the log-probs gathered at the tokens of
 `Trie.children`: K = `trie.sparse_fanout` per row whenever every live row has at most K children (all
 but the first levels of realistic docids), wider (2K, 4K, ... `trie.max_fanout`) only at the high
-fan-out levels near the root (a `lax.switch`); no vocabulary-wide mask is built and no next state is
-searched for. Beam search expands only beam 0 at its first step (the root, the widest level), since
-the other beams are not alive yet.
+fan-out levels near the root, and narrower where a level has fewer children than K (its largest
+fan-out; a `lax.switch` picks the narrowest width that holds every live row's children); no
+vocabulary-wide mask is built and no next state is searched for. Beam search expands only beam 0 at its
+first step (the root, the widest level), since the other beams are not alive yet, and normalises only
+its row; at the trie's depth it only finishes beams (every alive beam's one continuation is EOS), and
+where every docid has that depth no earlier step looks at EOS.
 """
 from __future__ import annotations
 
@@ -74,29 +77,40 @@ def _check_cache(cache: Any, *, rows: int, rows_are: str) -> None:
                              f"cache{jax.tree_util.keystr(path)} has shape {list(jnp.shape(leaf))}")
 
 
-def _call_step_fn(step_fn: StepFn, tokens: jax.Array, position: jax.Array, cache: Any, *,
-                  returns_log_probs: bool = False) -> tuple[jax.Array, jax.Array, Any]:
+def _call_step_fn(step_fn: StepFn, tokens: jax.Array, position: jax.Array, cache: Any) -> tuple[jax.Array, Any]:
+    """Runs the model step: (logits float32[rows, vocab], new cache)."""
+    logits, new_cache = step_fn(tokens, position, cache)
+    if logits.ndim != 2 or logits.shape[0] != tokens.shape[0]:
+        raise ValueError(f"step_fn must return logits [{tokens.shape[0]}, vocab], got {list(logits.shape)}")
+    return logits.astype(jnp.float32), new_cache
+
+
+def _normalized_step(step_fn: StepFn, tokens: jax.Array, position: jax.Array, cache: Any, *,
+                     returns_log_probs: bool = False) -> tuple[jax.Array, jax.Array, Any]:
     """Runs the model step: (logits float32[rows, vocab], log_normalizer float32[rows, 1], new cache).
 
     A token's log-prob is `logits - log_normalizer` (the full-vocabulary log-softmax); only the candidates'
     log-probs are formed, not a [rows, vocab] copy (a step_fn that returns log-probs has normalizer 0).
     """
-    logits, new_cache = step_fn(tokens, position, cache)
-    if logits.ndim != 2 or logits.shape[0] != tokens.shape[0]:
-        raise ValueError(f"step_fn must return logits [{tokens.shape[0]}, vocab], got {list(logits.shape)}")
-    logits = logits.astype(jnp.float32)
+    logits, new_cache = _call_step_fn(step_fn, tokens, position, cache)
+    return logits, _log_normalizer(logits, returns_log_probs=returns_log_probs), new_cache
+
+
+def _log_normalizer(logits: jax.Array, *, returns_log_probs: bool) -> jax.Array:
+    """float32[n, 1]: the full-vocabulary log-softmax's normalizer of logits float32[n, vocab] (0 for log-probs)."""
     if returns_log_probs:
-        return logits, jnp.zeros((logits.shape[0], 1), jnp.float32), new_cache
-    return logits, jax.nn.logsumexp(logits, axis=-1, keepdims=True), new_cache
+        return jnp.zeros((logits.shape[0], 1), jnp.float32)
+    return jax.nn.logsumexp(logits, axis=-1, keepdims=True)
 
 
 def _expansion_widths(trie: Trie) -> list[int]:
     """Static widths for `trie.children`: K, 2K, 4K, ... below `max_fanout`, then `max_fanout`, and each
-    level's largest fan-out above K (so a step never expands wider than its level needs)."""
+    level's largest fan-out, below K too (so a step never expands wider than its level needs: the deep levels
+    of random docids have 1 or 2 children, not K)."""
     widths = [trie.sparse_fanout]
     while widths[-1] < trie.max_fanout:
         widths.append(min(2 * widths[-1], trie.max_fanout))
-    return sorted({*widths, *(f for f in trie.level_fanouts if f > trie.sparse_fanout)})
+    return sorted({*widths, *(f for f in trie.level_fanouts if f > 0)})
 
 
 def _allowed_continuations(logits: jax.Array, log_normalizer: jax.Array, states: jax.Array, *, active: jax.Array,
@@ -105,12 +119,13 @@ def _allowed_continuations(logits: jax.Array, log_normalizer: jax.Array, states:
     """Applies `select(values, tokens, next_states)` to each row's allowed next tokens.
 
     logits: float32[rows, vocab] and log_normalizer float32[rows, 1] (log-probs = logits - log_normalizer,
-    see `_call_step_fn`); states: int32[rows] trie states; active: bool[rows], the rows whose
+    see `_normalized_step`); states: int32[rows] trie states; active: bool[rows], the rows whose
     result matters. `select` gets float32[rows, width] log-probs gathered at the tokens of
     `trie.children` (-inf in empty slots), with their tokens and next states int32[rows, width], where
     width is the smallest of `_expansion_widths` that holds every active row's children: K below the
-    first levels of realistic docids, wider only near the root (a `lax.switch`, so no step pays for a
-    wider level than its own). Every branch must return the same shapes. A given `width` is used as is.
+    first levels of realistic docids, wider only near the root, a level's own fan-out where that is below K
+    (a `lax.switch`, so no step pays for a wider level than its own). Every branch must return the same
+    shapes. A given `width` is used as is.
     """
     def expand(width: int) -> Any:
         tokens, next_states, valid = trie.children(states, width=width)
@@ -150,6 +165,7 @@ def beam_search(
     length_penalty: float = 0.0,
     step_fn_returns_log_probs: bool = False,
     stop_early: bool = True,
+    score_forced_eos: bool = True,
 ) -> BeamSearchResult:
     """Beam search for the `num_beams` best EOS-terminated sequences of each query, best first.
 
@@ -159,26 +175,44 @@ def beam_search(
     Candidates are exact and small: without a trie, each beam's top num_beams + 1 tokens (one may be EOS)
     then the top num_beams over all beams; with a trie, each beam's allowed children (K of them, more
     near the root) then the top num_beams over all beams. Only beam 0 is alive at the start, so beams
-    never duplicate. The loop stops at `max_decode_len` or once no alive beam can still beat the worst
-    finished one (exact: raw log-probs only decrease; with `length_penalty` alpha the bound uses the
-    most favourable remaining length).
+    never duplicate, and the first step reads only beam 0's row of the model's output. The loop stops at
+    `max_decode_len` or once no alive beam can still beat the worst finished one (exact: raw log-probs only
+    decrease; with `length_penalty` alpha the bound uses the most favourable remaining length).
+
+    With a trie the last step is at position `trie.max_length - 1`: there every alive beam holds a longest
+    docid, whose only continuation is EOS, so that step only finishes the beams (no alive selection); and
+    where every docid has that length (`trie.min_length == trie.max_length`) no earlier step looks at EOS,
+    which the trie allows nowhere else. The model's step is traced once (the loop's body), the kinds of
+    step (first, inner, last) are branches of a `lax.switch` after it.
 
     scores: sum of the tokens' log-probs (EOS included), divided by `brevity_penalty(alpha, length)` if
     `length_penalty` != 0. With a trie the scores are the model's log-likelihoods of valid docids only;
     slots without a result (fewer valid docids than beams) have score -inf and all-PAD sequences.
+    `score_forced_eos=False` (trie only): an EOS that the trie forces (its prefix is a docid that no other
+    docid extends, so EOS is its only allowed token) adds 0 to the score, the log-prob of a token the
+    constraint leaves no alternative to; an EOS that competes with a longer docid still adds the model's
+    log-prob. The last step then calls no model, since all its beams are forced: docids of L tokens take
+    L model steps, not L + 1. With docids of one length the score is the log-likelihood of the docid's
+    tokens without its end, the objective of searches over fixed-length semantic ids (STATIC's).
     Without a trie, a query with no finished beam at the end returns its alive beams (as t5x).
     `step_fn_returns_log_probs`: the step's output is used as log-probs as is (no log-softmax), for a
     step_fn that edits log-probs, e.g. HF-style logits processors that mask them after the log-softmax.
-    `stop_early=False` always runs `max_decode_len` steps (same results, since the stop is exact): for
-    timing searches at one length, e.g. a random-init model, whose unconstrained search ends after ~2 steps.
+    `stop_early=False` always runs `max_decode_len` steps, or with a trie until its depth, after which no
+    beam is alive (same results, since the stop is exact): for timing searches at one length, e.g. a
+    random-init model, whose unconstrained search ends after ~2 steps.
     Jittable; `step_fn`, the sizes and `length_penalty` are static, `cache` and `trie` may be traced.
     """
     _check_arguments(trie=trie, eos_id=eos_id, max_decode_len=max_decode_len, batch_size=batch_size,
                      num_beams=num_beams)
+    if not score_forced_eos and trie is None:
+        raise ValueError("score_forced_eos=False needs a trie: without one no EOS is forced")
     batch, beams, length = batch_size, num_beams, max_decode_len
     rows = batch * beams
     _check_cache(cache, rows=rows, rows_are="batch_size * num_beams")
     alpha = float(length_penalty)
+    # Every docid has the trie's depth: EOS is allowed only at the last step (`finish_all`), so the others need not
+    # look at it; their EOS candidates would all be -inf.
+    ends_only_at_last = trie is not None and trie.min_length == trie.max_length
 
     def final_score(log_prob: jax.Array, sequence_length: jax.Array | int) -> jax.Array:
         return log_prob if alpha == 0.0 else log_prob / brevity_penalty(alpha=alpha, length=sequence_length)
@@ -193,59 +227,73 @@ def beam_search(
         done = (best_alive == NEG_INF) | (worst_finished >= best_alive)
         return (state.position < length) & ~(jnp.all(done) & stop_early)
 
-    def search_step(state: _BeamState) -> _BeamState:
-        position = state.position
-        logits, log_normalizer, cache = _call_step_fn(step_fn, state.last_tokens.reshape(rows), position,
-                                                      state.cache, returns_log_probs=step_fn_returns_log_probs)
-        vocab = logits.shape[1]
-        flat_states = state.alive_states.reshape(rows)
-
-        # Finished candidates: each alive beam followed by EOS.
-        eos_log_probs = logits[:, eos_id] - log_normalizer[:, 0]
-        if trie is not None:
-            eos_log_probs = jnp.where(trie.eos_states(flat_states) != DEAD_STATE, eos_log_probs, NEG_INF)
-        candidate_scores = final_score(state.alive_scores + eos_log_probs.reshape(batch, beams), position + 1)
-        candidate_sequences = state.alive_sequences.at[:, :, position].set(eos_id)
+    def finish(state: _BeamState, eos_log_probs: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Merges the first `sources` alive beams followed by EOS (log-probs float32[batch, sources]) into the
+        finished beams: (finished scores, finished sequences)."""
+        sources = eos_log_probs.shape[1]
+        candidate_scores = final_score(state.alive_scores[:, :sources] + eos_log_probs, state.position + 1)
+        candidate_sequences = state.alive_sequences[:, :sources].at[:, :, state.position].set(eos_id)
         finished_scores, picked = jax.lax.top_k(
             jnp.concatenate([state.finished_scores, candidate_scores], axis=1), beams)
         finished_sequences = jnp.take_along_axis(
             jnp.concatenate([state.finished_sequences, candidate_sequences], axis=1), picked[:, :, None], axis=1)
+        return finished_scores, finished_sequences
 
-        # Alive candidates: the best non-EOS continuations over all beams.
-        def select_alive(sources: int, *, at_root: bool) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-            """Top `beams` continuations of the first `sources` beams: (scores, parent beams, tokens, states)."""
-            source_scores = state.alive_scores[:, :sources]
+    def eos_log_probs_of(logits: jax.Array, log_normalizer: jax.Array, states: jax.Array) -> jax.Array:
+        """float32[n]: each row's log-prob of EOS (-inf where the trie forbids it, 0 where it forces it and
+        forced EOS is not scored)."""
+        eos_log_probs = logits[:, eos_id] - log_normalizer[:, 0]
+        if trie is not None:
+            allowed = trie.eos_states(states) != DEAD_STATE
+            eos_log_probs = jnp.where(allowed, eos_log_probs, NEG_INF)
+            if not score_forced_eos:
+                eos_log_probs = jnp.where(allowed & (trie.num_children(states) == 1), 0.0, eos_log_probs)
+        return eos_log_probs
 
-            def select(values: jax.Array, tokens: jax.Array, next_states: jax.Array):
-                width = values.shape[1]
-                values = jnp.where(tokens == eos_id, NEG_INF, values)
-                totals = (source_scores[:, :, None] + values.reshape(batch, sources, width)).reshape(batch, -1)
-                if sources * width < beams:  # fewer candidates than beams: the rest stay empty (-inf)
-                    totals = jnp.pad(totals, ((0, 0), (0, beams - sources * width)), constant_values=NEG_INF)
-                scores, picked = jax.lax.top_k(totals, beams)
-                picked = jnp.minimum(picked, sources * width - 1)  # padding slots keep their -inf score
-                take = lambda x: jnp.take_along_axis(x.reshape(batch, -1), picked, axis=1)  # noqa: E731
-                return scores, picked // width, take(tokens), take(next_states)
+    def normalized(logits: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return logits, _log_normalizer(logits, returns_log_probs=step_fn_returns_log_probs)
 
-            source_logits = logits.reshape(batch, beams, vocab)[:, :sources].reshape(batch * sources, vocab)
-            source_normalizer = log_normalizer.reshape(batch, beams)[:, :sources].reshape(batch * sources, 1)
-            if trie is None:  # top num_beams + 1 per beam first (one may be EOS): no [rows, vocab] copy
-                values, tokens = jax.lax.top_k(source_logits, min(beams + 1, vocab))
-                return select(values - source_normalizer, tokens, jnp.zeros_like(tokens))
-            return _allowed_continuations(
-                source_logits, source_normalizer, state.alive_states[:, :sources].reshape(batch * sources),
-                active=source_scores.reshape(-1) > NEG_INF, trie=trie, select=select,
-                width=trie.max_fanout if at_root else None)  # one row per query: full width is cheap
+    def expand(state: _BeamState, logits: jax.Array, *, sources: int) -> tuple[_BeamState, jax.Array]:
+        """One position after the model's step (logits float32[rows, vocab]): finishes and expands the first
+        `sources` beams; returns the new state (cache not reordered) and each new beam's parent int32[batch, beams].
+        sources=1 at position 0, where only beam 0 is alive: only its rows are normalised, and the root (the widest
+        level) is expanded whole, one row per query."""
+        position = state.position
+        if sources < beams:  # only these rows matter
+            logits = logits.reshape(batch, beams, -1)[:, :sources].reshape(batch * sources, -1)
+        logits, log_normalizer = normalized(logits)
+        vocab = logits.shape[1]
+        source_scores = state.alive_scores[:, :sources]
+        source_states = state.alive_states[:, :sources].reshape(batch * sources)
+        if ends_only_at_last:  # no EOS before the last step: nothing finishes here
+            finished_scores, finished_sequences = state.finished_scores, state.finished_sequences
+        else:
+            finished_scores, finished_sequences = finish(
+                state, eos_log_probs_of(logits, log_normalizer, source_states).reshape(batch, sources))
 
-        # At position 0 only beam 0 is alive, at the root (the widest level): expand it alone, fully.
-        alive_scores, parents, tokens, next_states = jax.lax.cond(
-            position == 0, functools.partial(select_alive, 1, at_root=True),
-            functools.partial(select_alive, beams, at_root=False))
+        # Alive candidates: the best non-EOS continuations of the source beams.
+        def select(values: jax.Array, tokens: jax.Array, next_states: jax.Array):
+            width = values.shape[1]
+            values = jnp.where(tokens == eos_id, NEG_INF, values)
+            totals = (source_scores[:, :, None] + values.reshape(batch, sources, width)).reshape(batch, -1)
+            if sources * width < beams:  # fewer candidates than beams: the rest stay empty (-inf)
+                totals = jnp.pad(totals, ((0, 0), (0, beams - sources * width)), constant_values=NEG_INF)
+            scores, picked = jax.lax.top_k(totals, beams)
+            picked = jnp.minimum(picked, sources * width - 1)  # padding slots keep their -inf score
+            take = lambda x: jnp.take_along_axis(x.reshape(batch, -1), picked, axis=1)  # noqa: E731
+            return scores, picked // width, take(tokens), take(next_states)
+
+        if trie is None:  # top num_beams + 1 per beam first (one may be EOS): no [rows, vocab] copy
+            values, tokens = jax.lax.top_k(logits, min(beams + 1, vocab))
+            alive_scores, parents, tokens, next_states = select(values - log_normalizer, tokens,
+                                                                jnp.zeros_like(tokens))
+        else:
+            alive_scores, parents, tokens, next_states = _allowed_continuations(
+                logits, log_normalizer, source_states, active=source_scores.reshape(-1) > NEG_INF, trie=trie,
+                select=select, width=trie.max_fanout if sources == 1 else None)  # one row per query: full width
         alive_sequences = jnp.take_along_axis(state.alive_sequences, parents[:, :, None], axis=1)
         alive_sequences = alive_sequences.at[:, :, position].set(tokens)
-        source_rows = (jnp.arange(batch)[:, None] * beams + parents).reshape(rows)
-        cache = jax.tree_util.tree_map(lambda leaf: jnp.take(leaf, source_rows, axis=0), cache)
-        return _BeamState(
+        return state._replace(
             position=position + 1,
             alive_scores=alive_scores,
             alive_sequences=alive_sequences,
@@ -253,8 +301,37 @@ def beam_search(
             last_tokens=tokens,
             finished_scores=finished_scores,
             finished_sequences=finished_sequences,
-            cache=cache,
-        )
+        ), parents
+
+    def finish_all(state: _BeamState, logits: jax.Array | None) -> tuple[_BeamState, jax.Array]:
+        """Position trie.max_length - 1: every alive beam is a longest docid, whose only continuation is EOS; they
+        all finish. logits: the model's step, or None where forced EOS is not scored (then no model step runs)."""
+        flat_states = state.alive_states.reshape(rows)
+        if logits is None:  # every EOS here is forced
+            eos_log_probs = jnp.where(trie.eos_states(flat_states) != DEAD_STATE, 0.0, NEG_INF)
+        else:
+            eos_log_probs = eos_log_probs_of(*normalized(logits), flat_states)
+        finished_scores, finished_sequences = finish(state, eos_log_probs.reshape(batch, beams))
+        return state._replace(position=state.position + 1, alive_scores=jnp.full_like(state.alive_scores, NEG_INF),
+                              finished_scores=finished_scores, finished_sequences=finished_sequences), \
+            jnp.broadcast_to(jnp.arange(beams), (batch, beams))
+
+    # Positions 0 .. max_decode_len - 1, or with a trie up to its depth: `last` (where every alive beam finishes) is
+    # a step of the loop if its EOS is scored (the model runs there), else a step after it without the model. The
+    # model is traced once, in the loop; the steps' kinds are branches of a `lax.switch` after it.
+    last = trie.max_length - 1 if trie is not None else None  # >= 1: every docid has a token before EOS
+    branches = [functools.partial(expand, sources=1), functools.partial(expand, sources=beams)]
+    if trie is not None and score_forced_eos:
+        branches.append(finish_all)
+
+    def search_step(state: _BeamState) -> _BeamState:
+        logits, cache = _call_step_fn(step_fn, state.last_tokens.reshape(rows), state.position, state.cache)
+        phase = jnp.minimum(state.position, 1)
+        if len(branches) == 3:
+            phase = jnp.where(state.position == last, 2, phase)
+        state, parents = jax.lax.switch(phase, branches, state._replace(cache=None), logits)
+        source_rows = (jnp.arange(batch)[:, None] * beams + parents).reshape(rows)
+        return state._replace(cache=jax.tree_util.tree_map(lambda leaf: jnp.take(leaf, source_rows, axis=0), cache))
 
     initial_states = (trie.root_states(rows) if trie is not None else jnp.zeros((rows,), jnp.int32))
     empty_scores = jnp.full((batch, beams), NEG_INF, jnp.float32)
@@ -269,7 +346,14 @@ def beam_search(
         finished_sequences=empty_sequences,
         cache=cache,
     )
-    state = jax.lax.while_loop(keep_searching, search_step, state)
+    if trie is None:
+        state = jax.lax.while_loop(keep_searching, search_step, state)
+    elif score_forced_eos:
+        state = jax.lax.while_loop(lambda s: keep_searching(s) & (s.position <= last), search_step, state)
+    else:
+        state = jax.lax.while_loop(lambda s: keep_searching(s) & (s.position < last), search_step, state)
+        state = jax.lax.cond(keep_searching(state) & (state.position == last),
+                             lambda s: finish_all(s, None)[0], lambda s: s, state)
 
     scores, sequences = state.finished_scores, state.finished_sequences
     if trie is None:
@@ -322,7 +406,7 @@ def sample(
 
     def sample_step(state: _SampleState) -> _SampleState:
         position = state.position
-        logits, log_normalizer, cache = _call_step_fn(step_fn, state.last_tokens, position, state.cache)
+        logits, log_normalizer, cache = _normalized_step(step_fn, state.last_tokens, position, state.cache)
 
         def select_sample(values: jax.Array, tokens: jax.Array, next_states: jax.Array):
             if values.shape[1] > top_k:
@@ -387,7 +471,7 @@ def score_sequences(*, step_fn: StepFn, cache: Any, sequences: jax.Array, trie: 
     def step(carry, position):
         cache, states, total, trie_total = carry
         previous = jnp.where(position == 0, PAD_ID, sequences[:, jnp.maximum(position - 1, 0)])
-        logits, log_normalizer, cache = _call_step_fn(step_fn, previous, position, cache)
+        logits, log_normalizer, cache = _normalized_step(step_fn, previous, position, cache)
         token = sequences[:, position]
         live = (position == 0) | (previous != EOS_ID) & (previous != PAD_ID)
         live &= token != PAD_ID

@@ -4,9 +4,13 @@ import json
 import numpy as np
 import pytest
 
+import jax
+import jax.numpy as jnp
+
+from gr_jax.decoding import beam_search
 from gr_jax.docids.trie import Trie
 from gr_jax.vocabulary import EOS_ID, PAD_ID
-from gr_jax.tools.bench import decode
+from gr_jax.tools.bench import decode, static_decode
 
 
 @pytest.fixture(scope="module")
@@ -59,3 +63,31 @@ def test_build_part_reports_the_trie_of_digit_pids():
     prefixes = {str(pid)[:n] for pid in range(1000) for n in range(1, len(str(pid)) + 1)}
     assert line["trie_states"] == 2 + len(prefixes) + 1000
     assert line["max_length"] == 4 and line["vocab_size"] == 13 and line["trie_max_fanout"] == 11  # EOS + 10 digits
+
+
+@pytest.mark.parametrize("kind", ["bigram", "per-position"])
+def test_static_harness_reference_search_is_our_search(kind):
+    """The STATIC comparison judges both searches against `reference_beam_search` (numpy, untruncated): on a small
+    corpus it must return exactly our search's docids, for both objectives and both stand-in models."""
+    batch, beams, length, vocab = 2, 6, 3, 30
+    rows = decode.random_docid_rows(np.random.default_rng(4), num_docids=3000, vocab_size=vocab, length=length)
+    content = rows[:, :length]
+    trie = Trie.build(rows, vocab_size=vocab, sparse_fanout=4)
+    stand_in = static_decode.StandIn(kind, batch=batch, beams=beams, length=length, vocab=vocab, rows=8, scale=3.0,
+                                     seed=0)
+    # STATIC's first call has one row per query: each gets its query's beam-0 row of the full call.
+    previous = jnp.zeros(batch * beams, jnp.int32)
+    np.testing.assert_array_equal(stand_in.logits(stand_in.table, previous[:batch], 0),
+                                  stand_in.logits(stand_in.table, previous, 0)[::beams])
+    log_probs = np.asarray(jax.nn.log_softmax(stand_in.table, axis=-1))
+    ids = static_decode.prefix_ids(content)
+    for score_forced_eos in (False, True):
+        result = beam_search(step_fn=lambda tokens, position, cache: (stand_in.logits(stand_in.table, tokens, position),
+                                                                      cache),
+                             cache={}, batch_size=batch, num_beams=beams, max_decode_len=length + 1, trie=trie,
+                             score_forced_eos=score_forced_eos)
+        found = np.asarray(trie.leaf_indices(result.sequences.reshape(batch * beams, -1))).reshape(batch, beams)
+        expected, beyond_cut = static_decode.reference_beam_search(stand_in, log_probs, content, ids,
+                                                                   with_eos=score_forced_eos, cut=4)
+        np.testing.assert_array_equal(found, expected)
+        assert len(beyond_cut) == batch

@@ -45,6 +45,13 @@ class ToyRNN:
 
     def score(self, sequences: np.ndarray, query: int) -> np.ndarray:
         """float64[n]: log-likelihood of each EOS-terminated sequence int[n, L] by teacher forcing."""
+        log_probs = self.token_log_probs(sequences, query)
+        is_eos = sequences == EOS
+        counted = np.cumsum(is_eos, axis=1) - is_eos == 0  # positions after the first EOS do not count
+        return np.sum(np.where(counted, log_probs, 0.0), axis=1)
+
+    def token_log_probs(self, sequences: np.ndarray, query: int) -> np.ndarray:
+        """float64[n, L]: the teacher-forced log-prob of each token of sequences int[n, L] (PAD after EOS too)."""
         sequences = jnp.asarray(sequences, jnp.int32)
         return np.asarray(self._teacher_forced(sequences, jnp.full(sequences.shape[0], query)), np.float64)
 
@@ -52,9 +59,6 @@ class ToyRNN:
     def _teacher_forced(self, sequences: jax.Array, queries: jax.Array) -> jax.Array:
         step = self.step_fn(queries)
         previous = jnp.concatenate([jnp.full((sequences.shape[0], 1), PAD), sequences[:, :-1]], axis=1)
-        # Positions after the first EOS do not count.
-        is_eos = sequences == EOS
-        counted = jnp.cumsum(is_eos, axis=1) - is_eos == 0
 
         def one_position(cache, inputs):
             position, previous_tokens, tokens = inputs
@@ -64,7 +68,7 @@ class ToyRNN:
 
         _, log_probs = jax.lax.scan(one_position, self.initial_cache(sequences.shape[0]),
                                     (jnp.arange(sequences.shape[1]), previous.T, sequences.T))
-        return jnp.sum(jnp.where(counted, log_probs.T, 0.0), axis=1)
+        return log_probs.T
 
 
 def beams_step(model: ToyRNN, *, batch: int, beams: int):
@@ -87,12 +91,20 @@ def docid_rows(rng: np.random.Generator, *, num_docids: int, vocab_size: int, ma
     return matrix
 
 
-def run_beam_search(model, *, batch, beams, max_decode_len, trie=None, length_penalty=0.0):
+def run_beam_search(model, *, batch, beams, max_decode_len, trie=None, length_penalty=0.0, **kwargs):
     step_fn, cache = beams_step(model, batch=batch, beams=beams)
     search = jax.jit(functools.partial(beam_search, step_fn=step_fn, batch_size=batch, num_beams=beams,
-                                       max_decode_len=max_decode_len, length_penalty=length_penalty))
+                                       max_decode_len=max_decode_len, length_penalty=length_penalty, **kwargs))
     result = search(cache=cache, trie=trie)
     return np.asarray(result.sequences), np.asarray(result.scores)
+
+
+def fixed_length_rows(rng: np.random.Generator, *, num_docids: int, vocab_size: int, length: int) -> np.ndarray:
+    """Distinct random rows of `length` content tokens, then EOS (every docid ends at the same position)."""
+    content = np.unique(rng.integers(2, vocab_size, (4 * num_docids, length)), axis=0)
+    content = content[rng.permutation(len(content))[:num_docids]]
+    assert len(content) == num_docids
+    return np.concatenate([content, np.full((num_docids, 1), EOS)], axis=1).astype(np.int32)
 
 
 def pad_to(rows: np.ndarray, length: int) -> np.ndarray:
@@ -343,3 +355,98 @@ def test_scored_sequences_are_teacher_forced_and_trie_probabilities_sum_to_one()
     scored = score_sequences(step_fn=model.step_fn(jnp.zeros(1, jnp.int32)), cache=model.initial_cache(1),
                              sequences=jnp.asarray(invalid), trie=trie)
     assert np.isnan(float(scored.trie_log_probs[0])) and np.isfinite(float(scored.log_probs[0]))
+
+
+def forced_eos(rows: np.ndarray) -> np.ndarray:
+    """bool[n]: the row's EOS is the only token the trie allows after its content (no docid extends it)."""
+    contents = [tuple(r[:r.index(EOS)]) for r in rows.tolist()]
+    return np.array([not any(len(o) > len(c) and o[:len(c)] == c for o in contents) for c in contents])
+
+
+@pytest.mark.parametrize("fixed_length", [True, False])
+def test_forced_eos_costs_nothing_and_takes_no_model_step(fixed_length):
+    """score_forced_eos=False: exhaustive search (beams >= docids) ranks every docid by its teacher-forced score
+    without the log-prob of an EOS no other docid competes with; docids that are prefixes of others keep their
+    EOS log-prob. The model runs at positions 0 .. max_length - 2 only (the last position's beams are all forced),
+    where the default search runs it at max_length - 1 too and scores every EOS."""
+    rng = np.random.default_rng(11)
+    vocab, batch, beams = 7, 2, 32
+    if fixed_length:
+        rows = fixed_length_rows(rng, num_docids=30, vocab_size=vocab, length=3)
+    else:
+        rows = docid_rows(rng, num_docids=30, vocab_size=vocab, max_content=3)
+        assert not forced_eos(rows).all()  # some docid is a prefix of another: its EOS competes
+    max_decode_len = rows.shape[1]
+    trie = Trie.build(rows, vocab_size=vocab, sparse_fanout=2)
+    assert (trie.min_length == trie.max_length) == fixed_length
+    model = ToyRNN(vocab_size=vocab, num_queries=batch, max_length=max_decode_len, seed=11)
+    eos_at = (rows == EOS).argmax(axis=1)
+    for score_forced_eos in (True, False):
+        positions = []
+        step_fn, cache = beams_step(model, batch=batch, beams=beams)
+
+        def counted_step(tokens, position, cache, step_fn=step_fn):
+            jax.debug.callback(lambda p: positions.append(int(p)), position)
+            return step_fn(tokens, position, cache)
+
+        result = jax.jit(functools.partial(beam_search, step_fn=counted_step, batch_size=batch, num_beams=beams,
+                                           max_decode_len=max_decode_len, score_forced_eos=score_forced_eos))(
+            cache=cache, trie=trie)
+        jax.block_until_ready(result)
+        sequences, scores = np.asarray(result.sequences), np.asarray(result.scores)
+        assert sorted(set(positions)) == list(range(trie.max_length - (0 if score_forced_eos else 1)))
+        for query in range(batch):
+            brute = model.score(rows, query)
+            if not score_forced_eos:
+                eos_log_probs = model.token_log_probs(rows, query)[np.arange(len(rows)), eos_at]
+                brute = brute - np.where(forced_eos(rows), eos_log_probs, 0.0)
+            order = np.argsort(-brute)
+            np.testing.assert_array_equal(sequences[query, :len(rows)], rows[order])
+            np.testing.assert_allclose(scores[query, :len(rows)], brute[order], rtol=1e-5, atol=1e-5)
+            assert np.all(scores[query, len(rows):] == -np.inf)
+
+
+def reference_fixed_length_beam_search(model: ToyRNN, rows: np.ndarray, *, query: int, beams: int,
+                                       score_forced_eos: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Untruncated beam search over docids of one length, in Python: each level keeps the `beams` best prefixes
+    among all children of the kept ones; the kept docids then finish with EOS (scored or not)."""
+    log_probs = model.token_log_probs(rows, query)
+    length = rows.shape[1] - 1
+    kept: dict[tuple[int, ...], float] = {(): 0.0}
+    for depth in range(length):
+        children = {}
+        for row, log_prob in zip(rows.tolist(), log_probs):
+            if tuple(row[:depth]) in kept:
+                children[tuple(row[:depth + 1])] = kept[tuple(row[:depth])] + log_prob[depth]
+        kept = dict(sorted(children.items(), key=lambda item: -item[1])[:beams])
+    row_of = {tuple(row[:length]): i for i, row in enumerate(rows.tolist())}
+    final = {content: score + (log_probs[row_of[content], length] if score_forced_eos else 0.0)
+             for content, score in kept.items()}
+    ranked = sorted(final.items(), key=lambda item: -item[1])
+    return rows[[row_of[content] for content, _ in ranked]], np.array([score for _, score in ranked])
+
+
+@pytest.mark.parametrize("beams, sparse_fanout", [(3, 2), (5, 64), (12, 3)])
+def test_fixed_length_search_equals_the_untruncated_reference(beams, sparse_fanout):
+    """Docids of one length (STATIC's setting): no step before the last looks at EOS and the last one only
+    finishes beams; with or without the forced EOS's log-prob the search is the untruncated beam search."""
+    rng = np.random.default_rng(12)
+    vocab, batch = 12, 3
+    rows = fixed_length_rows(rng, num_docids=300, vocab_size=vocab, length=4)
+    trie = Trie.build(rows, vocab_size=vocab, sparse_fanout=sparse_fanout)
+    model = ToyRNN(vocab_size=vocab, num_queries=batch, max_length=rows.shape[1], seed=12)
+    for score_forced_eos in (True, False):
+        sequences, scores = run_beam_search(model, batch=batch, beams=beams, max_decode_len=rows.shape[1],
+                                            trie=trie, score_forced_eos=score_forced_eos)
+        for query in range(batch):
+            expected, expected_scores = reference_fixed_length_beam_search(
+                model, rows, query=query, beams=beams, score_forced_eos=score_forced_eos)
+            np.testing.assert_array_equal(sequences[query], expected)
+            np.testing.assert_allclose(scores[query], expected_scores, rtol=1e-5, atol=1e-5)
+
+
+def test_forced_eos_needs_a_trie():
+    model = ToyRNN(vocab_size=5, num_queries=1, max_length=3)
+    step_fn, cache = beams_step(model, batch=1, beams=2)
+    with pytest.raises(ValueError, match="score_forced_eos=False needs a trie"):
+        beam_search(step_fn=step_fn, cache=cache, batch_size=1, num_beams=2, max_decode_len=3, score_forced_eos=False)

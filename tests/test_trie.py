@@ -129,6 +129,7 @@ def test_trie_matches_dict_trie(num_docids, vocab_size, max_content, sparse_fano
     rows = random_docid_rows(rng, num_docids=num_docids, vocab_size=vocab_size, max_content=max_content)
     trie = Trie.build(rows, vocab_size=vocab_size, sparse_fanout=sparse_fanout)
     assert trie.max_length == int((rows != PAD).sum(axis=1).max())
+    assert trie.min_length == int((rows != PAD).sum(axis=1).min())
     reference = reference_allowed(rows, max_prefix_length=rows.shape[1])
     assert trie.max_fanout == max(len(v) for v in reference.values())
     # Per level: the most children of an unfinished prefix (no EOS yet) of each length.
@@ -138,6 +139,20 @@ def test_trie_matches_dict_trie(num_docids, vocab_size, max_content, sparse_fano
     # states: DEAD, ROOT and one per distinct prefix (the full sequences with EOS included).
     assert trie.num_states == 2 + len({tuple(r[:n]) for r in rows.tolist() for n in range(1, r.index(EOS) + 2)})
     check_against_reference(trie, rows, rng, vocab_size=vocab_size)
+
+
+def test_min_length_is_the_shortest_docid_with_eos():
+    """Decoding relies on it: with min_length == max_length no EOS is allowed before the last position."""
+    fixed = np.array([[5, 6, 7, EOS], [5, 8, 7, EOS], [9, 6, 7, EOS]], np.int32)
+    mixed = np.array([[5, 6, 7, EOS], [5, 6, EOS, PAD], [9, EOS, PAD, PAD]], np.int32)
+    for rows, shortest in ((fixed, 4), (mixed, 2)):
+        trie = Trie.build(rows, vocab_size=10)
+        assert (trie.min_length, trie.max_length) == (shortest, 4)
+        # EOS is allowed after a prefix of length p only where some docid has p tokens (p + 1 with EOS).
+        for p in range(trie.max_length):
+            states = trie.prefix_states(jnp.asarray(rows))[:, p]
+            eos_allowed = np.asarray(trie.eos_states(states)) != DEAD_STATE
+            assert not eos_allowed.any() or p >= trie.min_length - 1
 
 
 def test_walks_reach_leaf_index_and_prefix_states_agree():

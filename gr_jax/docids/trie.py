@@ -24,8 +24,8 @@ Layout (breadth-first numbering):
 Queries, for `n` states at once (all shapes static, each method jitted):
   `children` gathers the first `width` children of each state (tokens and next states: children are
   consecutive). Decoding calls it with width K = `sparse_fanout` when every live state has at most K
-  children (all but the first levels of realistic docids) and wider only near the root (see
-  `gr_jax.decoding`): candidate scores are gathered from the log-probs at the child tokens, so the
+  children (all but the first levels of realistic docids), wider only near the root and a level's own
+  fan-out where that is below K (see `gr_jax.decoding`): candidate scores are gathered from the log-probs at the child tokens, so the
   search builds no vocabulary-wide mask and never searches for a next state.
   `allowed_mask` scatters the children into a [n, vocab] mask (for losses over the vocabulary): K wide
   when every state has at most K children, `max_fanout` wide otherwise (a `lax.cond`).
@@ -65,6 +65,9 @@ class Trie:
     # level_fanouts[d]: most children of a state at depth d (d tokens decoded); static, so decoding can size
     # each level's expansion without looking at the arrays.
     level_fanouts: tuple[int, ...] = flax.struct.field(pytree_node=False, default=())
+    # Shortest sequence, EOS included: no EOS is allowed before position min_length - 1 (2: one token and EOS, the
+    # shortest a docid can be). min_length == max_length: every docid ends at the last position.
+    min_length: int = flax.struct.field(pytree_node=False, default=2)
 
     @classmethod
     def build(cls, tokens: np.ndarray, *, vocab_size: int, sparse_fanout: int = 32) -> Trie:
@@ -140,7 +143,8 @@ class Trie:
         max_fanout = max(int(np.diff(first_child).max()), 1)  # 1: a terminal's PAD self-loop
         return cls(first_child=jnp.asarray(first_child), token=jnp.asarray(token), leaf_index=jnp.asarray(leaf_index),
                    vocab_size=int(vocab_size), max_length=depth, max_fanout=max_fanout,
-                   sparse_fanout=int(sparse_fanout), level_fanouts=tuple(level_fanouts))
+                   sparse_fanout=int(sparse_fanout), level_fanouts=tuple(level_fanouts),
+                   min_length=int(lengths.min()))
 
     @property
     def num_states(self) -> int:
