@@ -49,7 +49,7 @@ from gr_jax.dense import index as index_lib
 from gr_jax.dense.model import DOCUMENT, DualEncoderConfig, DualEncoderModel
 from gr_jax.dense.towers import MiniLMTower, T5EncoderTower, Tower
 from gr_jax.tools.bench.semantic_ids import random_unit_vectors
-from gr_jax.tools.bench.train_step import _compiled_flops, _time
+from gr_jax.tools.bench.train_step import _compiled_flops, seconds
 
 TOWERS = ("minilm", "t5")
 
@@ -107,8 +107,8 @@ def run_encode(*, tower: Tower, name: str, vocab_size: int, batch: int, length: 
 
     encode_times, probe_times = [], []
     for _ in range(repeats):
-        encode_times.append(_time(lambda: encode(params, ids, mask)))
-        probe_times.append(min(_time(lambda: probe(a, b)) for _ in range(3)))
+        encode_times.append(seconds(lambda: encode(params, ids, mask)))
+        probe_times.append(min(seconds(lambda: probe(a, b)) for _ in range(3)))
     encode_s = statistics.median(encode_times)
     probe_s = statistics.median(probe_times)
     model_flops_per_s = encode_flops / encode_s
@@ -158,12 +158,12 @@ def time_searches(indexes: Sequence[Any], queries: np.ndarray, *, batch: int, k:
     for repeat in range(repeats):
         rows = (repeat * queries_per_repeat + np.arange(queries_per_repeat)) % len(queries)
         batches = [np.ascontiguousarray(queries[rows[i:i + batch]]) for i in range(0, len(rows), batch)]
-        for index, seconds in zip(indexes, times):
+        for index, index_times in zip(indexes, times):
             start = time.perf_counter()
             for block in batches:
                 index.search(block, k)
-            seconds.append((time.perf_counter() - start) / queries_per_repeat)
-    return [statistics.median(seconds) for seconds in times]
+            index_times.append((time.perf_counter() - start) / queries_per_repeat)
+    return [statistics.median(index_times) for index_times in times]
 
 
 def run_search(*, num_vectors: int, dim: int, factory: str, nprobe: Optional[int], ef_search: Optional[int] = None,

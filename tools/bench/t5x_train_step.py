@@ -22,7 +22,6 @@ import functools
 import json
 import statistics
 import sys
-import time
 import types
 
 import jax
@@ -33,7 +32,7 @@ from gr_jax import network
 from gr_jax import optimizers
 from gr_jax import partitioning
 from gr_jax.models import EncoderDecoderModel
-from gr_jax.tools.bench.train_step import random_batch
+from gr_jax.tools.bench.train_step import compiled_cost, random_batch, seconds
 from gr_jax.trainer import Trainer
 
 # The issue's configuration: 9.64M parameters.
@@ -87,11 +86,6 @@ def import_t5x(t5x_dir: str) -> types.SimpleNamespace:
     raise RuntimeError(f"could not import t5x from {t5x_dir}")
 
 
-def _cost(compiled) -> dict:
-    cost = compiled.cost_analysis()
-    return cost[0] if isinstance(cost, (list, tuple)) else cost
-
-
 def t5x_step(t5x, *, batch: dict, seed: int):
     """(step function state -> state, initial state, compiled cost) of t5x's own training step."""
     import seqio
@@ -109,7 +103,7 @@ def t5x_step(t5x, *, batch: dict, seed: int):
                    donate_argnums=(0,))
     lr = jnp.asarray(LEARNING_RATE, jnp.float32)
     rng = jax.random.PRNGKey(seed + 1)
-    cost = _cost(step.lower(state, batch, learning_rate=lr, dropout_rng=rng).compile())
+    cost = compiled_cost(step.lower(state, batch, learning_rate=lr, dropout_rng=rng).compile())
     return (lambda s: step(s, batch, learning_rate=lr, dropout_rng=rng)[0]), state, cost
 
 
@@ -125,7 +119,7 @@ def our_step(*, batch: dict, seed: int):
     state = trainer.init_state(jax.random.PRNGKey(seed))
     global_batch = partitioning.host_batch_to_global(batch, mesh=mesh)
     rng = jax.random.PRNGKey(seed + 1)
-    cost = _cost(trainer.lower_train_step(state, global_batch, rng).compile())
+    cost = compiled_cost(trainer.lower_train_step(state, global_batch, rng).compile())
     return (lambda s: trainer.train_step(s, global_batch, rng)[0]), state, cost
 
 
@@ -147,14 +141,9 @@ def main(argv=None) -> dict:
     states = {name: run[1] for name, run in runs.items()}
     a = jax.random.normal(jax.random.PRNGKey(2), (args.probe_size, args.probe_size))
     probe = jax.jit(lambda x, y: x @ y)
-    probe_flops = float(_cost(probe.lower(a, a).compile())["flops"])
+    probe_flops = float(compiled_cost(probe.lower(a, a).compile())["flops"])
     for name, (step, _, _) in runs.items():  # compile and warm up
         states[name] = jax.block_until_ready(step(states[name]))
-
-    def timed(fn) -> float:
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        return time.perf_counter() - start
 
     blocks = []
     for block in range(args.blocks):
@@ -167,10 +156,10 @@ def main(argv=None) -> dict:
                 for _ in range(args.steps):
                     states[name] = step(states[name])
                 return states[name]
-            seconds = timed(run_steps)
-            probe_s = min(timed(lambda: probe(a, a)) for _ in range(5))
-            record[name] = {"steps_per_s": args.steps / seconds,
-                            "flops_over_probe": (runs[name][2]["flops"] * args.steps / seconds) / (probe_flops / probe_s)}
+            block_s = seconds(run_steps)
+            probe_s = min(seconds(lambda: probe(a, a)) for _ in range(5))
+            record[name] = {"steps_per_s": args.steps / block_s,
+                            "flops_over_probe": (runs[name][2]["flops"] * args.steps / block_s) / (probe_flops / probe_s)}
         record["ratio"] = record["gr_jax"]["steps_per_s"] / record["t5x"]["steps_per_s"]
         blocks.append(record)
         print(json.dumps(record), flush=True)

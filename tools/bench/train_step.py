@@ -26,13 +26,14 @@ from gr_jax.models import EncoderDecoderModel
 from gr_jax.trainer import Trainer
 
 
-def _cost(compiled) -> dict:
+def compiled_cost(compiled) -> dict:
+    """XLA's cost analysis of a compiled function (flops, bytes accessed, ...)."""
     cost = compiled.cost_analysis()
     return cost[0] if isinstance(cost, (list, tuple)) else cost
 
 
 def _compiled_flops(compiled) -> float:
-    return float(_cost(compiled)["flops"])
+    return float(compiled_cost(compiled)["flops"])
 
 
 def random_batch(rng: np.random.Generator, *, batch: int, inputs: int, targets: int, vocab: int) -> dict:
@@ -45,7 +46,8 @@ def random_batch(rng: np.random.Generator, *, batch: int, inputs: int, targets: 
     }
 
 
-def _time(fn) -> float:
+def seconds(fn) -> float:
+    """Wall seconds of `fn()` until its result is ready."""
     start = time.perf_counter()
     jax.block_until_ready(fn())
     return time.perf_counter() - start
@@ -63,7 +65,7 @@ def run(*, config: network.T5Config, batch: int, inputs: int, targets: int, step
                         vocab=config.vocab_size)
     rng = jax.random.PRNGKey(1)
     global_batch = partitioning.host_batch_to_global(data, mesh=mesh)
-    step_cost = _cost(trainer.lower_train_step(state, global_batch, rng).compile())
+    step_cost = compiled_cost(trainer.lower_train_step(state, global_batch, rng).compile())
     step_flops = float(step_cost["flops"])
 
     a = jax.random.normal(jax.random.PRNGKey(2), (probe_size, probe_size), probe_dtype)
@@ -80,8 +82,8 @@ def run(*, config: network.T5Config, batch: int, inputs: int, targets: int, step
 
     step_times, probe_times = [], []
     for _ in range(steps):
-        step_times.append(_time(one_step))
-        probe_times.append(min(_time(lambda: probe(a, b)) for _ in range(3)))
+        step_times.append(seconds(one_step))
+        probe_times.append(min(seconds(lambda: probe(a, b)) for _ in range(3)))
     step_s = statistics.median(step_times)
     probe_s = statistics.median(probe_times)
     model_flops_per_s = step_flops / step_s
