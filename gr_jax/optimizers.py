@@ -79,7 +79,7 @@ def decay_matrices_only(params: Any) -> Any:
 
 # How Adafactor factors a second moment along each logical axis (t5x's `adafactor.standard_logical_factor_rules`):
 # 'row' and 'column' dimensions become the rows and columns of the factored matrix, 'batch' dimensions (scanned
-# layers) keep separate statistics, 'none' leaves the parameter unfactored.
+# layers) are split into one parameter per layer (`per_layer`), 'none' leaves the parameter unfactored.
 ADAFACTOR_FACTOR_RULES: Mapping[str, str] = {
     "embed": "row", "vocab": "column", "mlp": "column", "heads": "column", "kv": "column",
     "relpos_buckets": "none", "layers": "batch"}
@@ -93,7 +93,7 @@ def _is_box(x) -> bool:
 @dataclasses.dataclass(frozen=True)
 class MatrixView:
     """How the factored stage sees one parameter: transposed by `permutation` and reshaped to `shape`
-    ([*batch dims, rows, columns], or flat [size] to keep it unfactored). `shape=None` leaves it as it is."""
+    ([rows, columns], or flat [size] to keep it unfactored). `shape=None` leaves it as it is."""
     permutation: tuple[int, ...] = ()
     shape: Optional[tuple[int, ...]] = None
 
@@ -106,9 +106,9 @@ class MatrixView:
         return jnp.transpose(x.reshape([like_shape[i] for i in self.permutation]), np.argsort(self.permutation))
 
 
-def matrix_view(*, path: str, names: tuple, shape: tuple[int, ...], rules: Mapping[str, str],
-                min_dim_size_to_factor: Optional[int]) -> MatrixView:
-    """The `MatrixView` of a parameter with logical axis `names` (see `ADAFACTOR_FACTOR_RULES`)."""
+def matrix_view(*, path: str, names: tuple, shape: tuple[int, ...], rules: Mapping[str, str]) -> MatrixView:
+    """The `MatrixView` of a parameter with logical axis `names` (see `ADAFACTOR_FACTOR_RULES`). A 'batch' axis
+    (scanned layers) must have been split off first (`per_layer`, as `make_optimizer` does)."""
     dims = []
     for name in names:
         if name not in rules:
@@ -119,17 +119,14 @@ def matrix_view(*, path: str, names: tuple, shape: tuple[int, ...], rules: Mappi
         dims.append(rules[name])
     rows = [i for i, d in enumerate(dims) if d == "row"]
     columns = [i for i, d in enumerate(dims) if d == "column"]
-    batch = [i for i, d in enumerate(dims) if d == "batch"]
+    if "batch" in dims:
+        raise ValueError(f"{path}: the batch axis of {names} reaches the factoring: wrap the optimizer in per_layer")
     if len(shape) < 2:
         return MatrixView()  # optax never factors a vector
     if not rows or not columns or "none" in dims:
         return MatrixView(permutation=tuple(range(len(shape))), shape=(math.prod(shape),))
-    permutation = (*batch, *rows, *columns)
-    view = (*[shape[i] for i in batch], math.prod(shape[i] for i in rows), math.prod(shape[i] for i in columns))
-    if min_dim_size_to_factor is not None and min(view[-2:]) >= min_dim_size_to_factor and batch \
-            and max(view[:-2]) >= min(view[-2:]):
-        # optax factors over the two largest dimensions: a batch dimension must not be one of them.
-        raise ValueError(f"{path}: batch dimension(s) {view[:-2]} not smaller than the factored matrix {view[-2:]}")
+    permutation = (*rows, *columns)
+    view = (math.prod(shape[i] for i in rows), math.prod(shape[i] for i in columns))
     if permutation == tuple(range(len(shape))) and view == tuple(shape):
         return MatrixView()
     return MatrixView(permutation=permutation, shape=view)
@@ -141,14 +138,13 @@ class ViewedState:
     views: Any = flax.struct.field(pytree_node=False)  # a tuple of MatrixView per parameter leaf (static)
 
 
-def factor_by_logical_axes(inner: optax.GradientTransformation, *, rules: Mapping[str, str],
-                           min_dim_size_to_factor: Optional[int]) -> optax.GradientTransformation:
+def factor_by_logical_axes(inner: optax.GradientTransformation, *,
+                           rules: Mapping[str, str]) -> optax.GradientTransformation:
     """`inner` (optax's factored second moments) applied to each parameter seen as the matrix its logical axes make.
 
     The axis names are read when `init` gets the boxed parameters (`nn.with_logical_partitioning`, as the
     `Trainer` initialises); the views are kept in the state's static tree structure, so the jitted, restored and
-    resharded state carries them. Leaves without names keep their shape (optax's rule). `min_dim_size_to_factor`
-    (None: not factored) only serves a check that batch dimensions are not factored over.
+    resharded state carries them. Leaves without names keep their shape (optax's rule).
     """
     def views_of(params) -> tuple:
         leaves = jax.tree_util.tree_leaves_with_path(params, is_leaf=_is_box)
@@ -156,8 +152,7 @@ def factor_by_logical_axes(inner: optax.GradientTransformation, *, rules: Mappin
         for path, leaf in leaves:
             if isinstance(leaf, nn.LogicallyPartitioned):
                 views.append(matrix_view(path=jax.tree_util.keystr(path), names=tuple(leaf.names),
-                                         shape=tuple(np.shape(leaf.value)), rules=rules,
-                                         min_dim_size_to_factor=min_dim_size_to_factor))
+                                         shape=tuple(np.shape(leaf.value)), rules=rules))
             else:
                 views.append(MatrixView())
         return tuple(views)
@@ -301,8 +296,7 @@ def make_optimizer(
         second_moments = optax.scale_by_factored_rms(factored=factored, decay_rate=decay_rate,
                                                      min_dim_size_to_factor=min_dim_size_to_factor)
         if factor_rules is not None:
-            second_moments = factor_by_logical_axes(second_moments, rules=factor_rules,
-                                                    min_dim_size_to_factor=min_dim_size_to_factor if factored else None)
+            second_moments = factor_by_logical_axes(second_moments, rules=factor_rules)
         stages = [second_moments]
         if clipping_threshold is not None:
             stages.append(optax.clip_by_block_rms(clipping_threshold))
