@@ -258,6 +258,28 @@ def fan_in_init(fan_in_axes: int, scale: float = 1.0) -> Initializer:
     return init
 
 
+class Dropout(nn.Module):
+    """Inverted dropout as t5x applies it to attention weights: `x * mask / keep` with the {0, 1} mask drawn at the
+    broadcast shape (`broadcast_dims` set to 1). Flax's `nn.Dropout` broadcasts a boolean mask to the full shape
+    and selects, which XLA keeps at full size for the backward pass. Same draws as `nn.Dropout` (one `bernoulli`
+    from the module's 'dropout' key); values equal up to rounding (`x * (1 / keep)` against `x / keep`)."""
+    rate: float
+    broadcast_dims: tuple[int, ...] = ()
+
+    @nn.compact
+    def __call__(self, x: Array, *, deterministic: bool) -> Array:
+        if deterministic or self.rate == 0.0:
+            return x
+        if self.rate == 1.0:
+            return jnp.zeros_like(x)
+        keep = 1.0 - self.rate
+        shape = list(x.shape)
+        for dim in self.broadcast_dims:
+            shape[dim] = 1
+        mask = jax.random.bernoulli(self.make_rng("dropout"), p=keep, shape=shape)
+        return x * (mask.astype(x.dtype) / jnp.asarray(keep, x.dtype))
+
+
 class RMSNorm(nn.Module):
     """T5's layer norm: scale only, no mean subtraction, computed in float32."""
     config: T5Config
@@ -323,7 +345,7 @@ class Attention(nn.Module):
         self.key = logical_param(self, "key", fan_in_init(1), (d, h, k), (EMBED, HEADS, KV), cfg.param_dtype)
         self.value = logical_param(self, "value", fan_in_init(1), (d, h, k), (EMBED, HEADS, KV), cfg.param_dtype)
         self.out = logical_param(self, "out", fan_in_init(2), (h, k, d), (HEADS, KV, EMBED), cfg.param_dtype)
-        self.dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=cfg.dropout_broadcast_dims)
+        self.dropout = Dropout(cfg.dropout_rate, broadcast_dims=cfg.dropout_broadcast_dims)
 
     def _project(self, kernel: Array, x: Array) -> Array:
         dtype = self.config.dtype
@@ -371,7 +393,7 @@ class Mlp(nn.Module):
         self.wi = [logical_param(self, f"wi_{i}", fan_in_init(1), (cfg.emb_dim, cfg.mlp_dim), (EMBED, MLP),
                           cfg.param_dtype) for i in range(len(cfg.mlp_activations))]
         self.wo = logical_param(self, "wo", fan_in_init(1), (cfg.mlp_dim, cfg.emb_dim), (MLP, EMBED), cfg.param_dtype)
-        self.dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=cfg.dropout_broadcast_dims)
+        self.dropout = Dropout(cfg.dropout_rate, broadcast_dims=cfg.dropout_broadcast_dims)
 
     def __call__(self, x: Array, *, deterministic: bool) -> Array:
         cfg = self.config
@@ -393,7 +415,7 @@ class EncoderLayer(nn.Module):
         self.attention = Attention(self.config)
         self.pre_mlp_norm = RMSNorm(self.config)
         self.mlp = Mlp(self.config)
-        self.dropout = nn.Dropout(self.config.dropout_rate, broadcast_dims=self.config.dropout_broadcast_dims)
+        self.dropout = Dropout(self.config.dropout_rate, broadcast_dims=self.config.dropout_broadcast_dims)
 
     def __call__(self, x: Array, mask: Array, bias: Array, deterministic: bool) -> Array:
         # Positional, so nn.remat can mark `deterministic` static (argument 4, counting self).
@@ -416,7 +438,7 @@ class DecoderLayer(nn.Module):
         self.encoder_decoder_attention = Attention(cfg)
         self.pre_mlp_norm = RMSNorm(cfg)
         self.mlp = Mlp(cfg)
-        self.dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=cfg.dropout_broadcast_dims)
+        self.dropout = Dropout(cfg.dropout_rate, broadcast_dims=cfg.dropout_broadcast_dims)
 
     def __call__(self, x: Array, encoded: Array, self_mask: Array, cross_mask: Array, bias: Array,
                  deterministic: bool) -> Array:
@@ -494,7 +516,7 @@ class Transformer(nn.Module):
         self.decoder_norm = RMSNorm(cfg)
         self.head = cfg.head(cfg)
         nn.share_scope(self, self.head)  # the head's parameters keep top-level names (checkpoints, HF mapping)
-        self.dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=cfg.dropout_broadcast_dims)
+        self.dropout = Dropout(cfg.dropout_rate, broadcast_dims=cfg.dropout_broadcast_dims)
 
     def embed(self, tokens: Array) -> Array:
         """tokens: int32[...] -> embeddings [..., embed] in the compute dtype."""

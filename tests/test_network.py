@@ -125,6 +125,24 @@ def test_dropout_is_active_only_when_enabled():
     assert not np.allclose(a, c)
 
 
+@pytest.mark.parametrize("broadcast_dims", [(), (-2,), (0,)])
+def test_dropout_multiplies_by_the_mask_nn_dropout_draws(broadcast_dims):
+    """network.Dropout (x * mask / keep, t5x's attention dropout) drops exactly what flax's nn.Dropout (select)
+    drops with the same key, and scales the rest alike; its gradient is that mask / keep."""
+    x = jax.random.normal(jax.random.PRNGKey(0), (3, 5, 8)) + 3.0  # no zeros of its own
+    rngs = {"dropout": jax.random.PRNGKey(7)}
+    ours = network.Dropout(0.3, broadcast_dims=broadcast_dims).apply({}, x, deterministic=False, rngs=rngs)
+    theirs = nn.Dropout(0.3, broadcast_dims=broadcast_dims).apply({}, x, deterministic=False, rngs=rngs)
+    np.testing.assert_array_equal(ours == 0, theirs == 0)
+    assert 0 < int((ours == 0).sum()) < x.size
+    np.testing.assert_allclose(ours, theirs, rtol=1e-6)
+    grad = jax.grad(lambda v: network.Dropout(0.3, broadcast_dims=broadcast_dims).apply(
+        {}, v, deterministic=False, rngs=rngs).sum())(x)
+    np.testing.assert_allclose(grad, np.where(ours == 0, 0.0, 1 / 0.7), rtol=1e-6)
+    np.testing.assert_array_equal(network.Dropout(0.3).apply({}, x, deterministic=True), x)
+    np.testing.assert_array_equal(network.Dropout(1.0).apply({}, x, deterministic=False, rngs=rngs), 0.0)
+
+
 def test_relative_position_buckets_hand_computed():
     rel = jnp.array([-200, -20, -3, 0, 3, 20, 200])
     bi = network.relative_position_bucket(rel, bidirectional=True, num_buckets=32, max_distance=128)

@@ -15,8 +15,9 @@ from flax import linen as nn
 
 from gr_jax.heads.base import OverDocidTokens, masked_logits, register_head
 from gr_jax.heads.standard import StandardHead
-from gr_jax.network import (EMBED, MLP, DecoderLayer, RelativePositionBias, RMSNorm, T5Config, fan_in_init,
-                            layer_stack, logical_param, stack_cross_kv, stack_step, teacher_forced_stack)
+from gr_jax.network import (EMBED, MLP, DecoderLayer, Dropout, RelativePositionBias, RMSNorm, T5Config,
+                            fan_in_init, layer_stack, logical_param, stack_cross_kv, stack_step,
+                            teacher_forced_stack)
 from gr_jax.vocabulary import EOS_ID
 
 Array = jax.Array
@@ -116,7 +117,7 @@ class PawaDecoder(nn.Module):
         # axis is split over 'model' as an MLP's is: 453M parameters at Base, 1.07B at Large.
         self.weight_generator = logical_param(self, "weight_generator", fan_in_init(1, scale=1.0 / cfg.emb_dim),
                                        (cfg.emb_dim, cfg.emb_dim * cfg.emb_dim), (EMBED, MLP), cfg.param_dtype)
-        self.dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=cfg.dropout_broadcast_dims)
+        self.dropout = Dropout(cfg.dropout_rate, broadcast_dims=cfg.dropout_broadcast_dims)
 
     def __call__(self, embedded: Array, encoded: Array, *, cross_mask: Array, deterministic: bool) -> Array:
         """Teacher-forced. embedded: [batch, tgt_len, embed] (decoder input embeddings) -> u, same shape."""
