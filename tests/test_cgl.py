@@ -114,12 +114,15 @@ def test_a_model_that_cannot_tell_identifiers_apart_scores_the_chance_level():
                            chance_level(256), rtol=1e-3)
 
 
-def test_a_document_named_by_several_strings_scores_their_mean_loss():
-    """n-gram ids: a document's L(q, d) is the mean of L(q, I) over its identifier strings (Cai et al.'s code),
-    checked against scoring every (query, string) pair on its own; with one string each it is that string's."""
+@pytest.mark.parametrize("reduction", ["mean", "min"])
+def test_a_document_named_by_several_strings_scores_their_mean_or_least_loss(reduction):
+    """n-gram ids: a document's L(q, d) is the mean of L(q, I) over its identifier strings (Cai et al.'s code), or
+    their minimum, checked against scoring every (query, string) pair on its own; with one string each it is that
+    string's."""
     table = _table(20, np.random.default_rng(3))
     run = _stand_in_run(table)
-    scorer = CglScorer(run, config=CglConfig(batch_size=2, candidates_per_call=3))  # 8 strings a query: 3 calls
+    scorer = CglScorer(run, config=CglConfig(batch_size=2, candidates_per_call=3,  # 8 strings a query: 3 calls
+                                             identifier_reduction=reduction))
     identifiers = DocumentIdentifiers.from_lists(["a", "b", "c", "d"], [np.array([0, 5, 7]), np.array([1]),
                                                                         np.array([2, 3]), np.array([4, 8, 9, 10])])
     rng = np.random.default_rng(4)
@@ -133,7 +136,7 @@ def test_a_document_named_by_several_strings_scores_their_mean_loss():
             if document < 0:
                 assert np.isnan(got[q, j])
             else:
-                expected = every_row[q, identifiers.rows_of(document)].mean()
+                expected = getattr(np, reduction)(every_row[q, identifiers.rows_of(document)])
                 np.testing.assert_allclose(got[q, j], expected, rtol=1e-6)
     one_each = DocumentIdentifiers.one_each(table)
     np.testing.assert_allclose(scorer.document_losses(params, tokens, np.tile(np.arange(20), (3, 1)), one_each),
@@ -165,7 +168,8 @@ def test_cgl_during_training_and_from_the_entry_point(spm_data_dir, tmp_path, ca
     # The fixture's dev split judges one document that is not in the collection: that query is counted, not scored.
     assert result["num_queries"] == 3 and result["queries_without_positive"] == 1
     assert result["settings"] == {"num_negatives": 4, "positive_reduction": "min", "token_reduction": "mean",
-                                  "seed": 0, "batch_size": 8, "candidates_per_call": 1024, "max_queries": None}
+                                  "identifier_reduction": "mean", "seed": 0, "batch_size": 8,
+                                  "candidates_per_call": 1024, "max_queries": None}
     assert result["chance"] == pytest.approx(math.log(5 / 4))
     # One query has two judged documents: averaging them instead of taking the better one raises its CGL.
     gin.clear_config()

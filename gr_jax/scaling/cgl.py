@@ -5,7 +5,9 @@
 L(q, I) is the generation loss of identifier I given q (a positive number, not a probability): by default the
 mean per-token cross entropy of I's tokens, EOS included and padding masked (`token_reduction='mean'`; 'sum': the
 sequence's negative log-likelihood). A document named by several identifier strings (n-gram ids: its distinct
-span windows, `gr_jax.docids.identifiers`) scores the mean of L over them, as the authors' code does. L+ is the minimum over the query's judged positives (`positive_reduction`,
+span windows, `gr_jax.docids.identifiers`) scores the mean of L over them, as the authors' code does
+(`identifier_reduction='mean'`; 'min' scores its best string, closer to how the n-gram retriever finds a document
+through the few spans it generates). L+ is the minimum over the query's judged positives (`positive_reduction`,
 or 'mean'); the negatives are `num_negatives` documents drawn uniformly without replacement from the docid space
 minus the query's positives, fresh per query from `seed` (the authors' code: 256, S- = mean x 256, which is the
 sum). A model that cannot tell positives from negatives scores log((n + 1) / n), 0.0039 for n = 256; lower is
@@ -46,6 +48,7 @@ class CglConfig:
     num_negatives: int = 256
     positive_reduction: Reduction = "min"
     token_reduction: TokenReduction = "mean"
+    identifier_reduction: Reduction = "mean"  # over a document's identifier strings (n-gram ids have several)
     seed: int = 0
     batch_size: int = 8  # queries per compiled call, each with its positives and num_negatives candidates
     # identifier strings per query in one compiled call (a fixed width, the last part padded): bounds the logits
@@ -57,9 +60,11 @@ class CglConfig:
         if self.num_negatives < 1 or self.batch_size < 1 or self.candidates_per_call < 1:
             raise ValueError(f"num_negatives, batch_size and candidates_per_call must be >= 1, got "
                              f"{self.num_negatives}, {self.batch_size}, {self.candidates_per_call}")
-        if self.positive_reduction not in ("min", "mean") or self.token_reduction not in ("mean", "sum"):
-            raise ValueError(f"positive_reduction must be 'min' or 'mean' and token_reduction 'mean' or 'sum', got "
-                             f"{self.positive_reduction!r}, {self.token_reduction!r}")
+        if (self.positive_reduction not in ("min", "mean") or self.identifier_reduction not in ("min", "mean")
+                or self.token_reduction not in ("mean", "sum")):
+            raise ValueError(f"positive_reduction and identifier_reduction must be 'min' or 'mean' and "
+                             f"token_reduction 'mean' or 'sum', got {self.positive_reduction!r}, "
+                             f"{self.identifier_reduction!r}, {self.token_reduction!r}")
 
 
 def contrastive_generation_loss(positive_losses: np.ndarray, positive_valid: np.ndarray,
@@ -120,8 +125,9 @@ class CglScorer:
 
     def document_losses(self, params, tokens: np.ndarray, documents: np.ndarray, identifiers: DocumentIdentifiers, *,
                         show_progress: bool = False) -> np.ndarray:
-        """L(q, d) float64[Q, D] of documents int64[Q, D] (-1: padding, NaN out): the mean of L(q, I) over each
-        document's identifier strings I (`DocumentIdentifiers`; one row, its docid, for the docid schemes)."""
+        """L(q, d) float64[Q, D] of documents int64[Q, D] (-1: padding, NaN out): the mean (or, with
+        `identifier_reduction='min'`, the minimum) of L(q, I) over each document's identifier strings I
+        (`DocumentIdentifiers`; one row, its docid, for the docid schemes)."""
         counts = np.where(documents >= 0, np.diff(identifiers.offsets)[np.maximum(documents, 0)], 0)
         width = max(int(counts.sum(axis=1).max(initial=0)), 1)
         rows = np.full((len(documents), width), -1, np.int64)
@@ -142,9 +148,14 @@ class CglScorer:
         out = np.full(documents.shape, np.nan)
         for q in range(len(documents)):
             kept = owner[q] >= 0
-            sums = np.bincount(owner[q, kept], weights=losses[q, kept], minlength=documents.shape[1])
             number = np.bincount(owner[q, kept], minlength=documents.shape[1])
-            out[q] = np.where(number > 0, sums / np.maximum(number, 1), np.nan)
+            if self.config.identifier_reduction == "min":
+                reduced = np.full(documents.shape[1], np.inf)
+                np.minimum.at(reduced, owner[q, kept], losses[q, kept])
+            else:
+                reduced = np.bincount(owner[q, kept], weights=losses[q, kept], minlength=documents.shape[1])
+                reduced = reduced / np.maximum(number, 1)
+            out[q] = np.where(number > 0, reduced, np.nan)
         return out
 
     def measure(self, params, *, split: str, show_progress: bool = False) -> dict[str, Any]:
