@@ -72,6 +72,23 @@ def spm_data_dir(tmp_path_factory) -> pathlib.Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def minilm_zero_shot_run(spm_data_dir, tmp_path_factory) -> pathlib.Path:
+    """The model dir of a dense run of all-MiniLM-L6-v2 as shipped (TRAIN_STEPS=0) on `spm_data_dir`: its checkpoint
+    of step 0 and its dev ranking (run.dev.0.trec, 5 documents a query). Tests read it, none trains it further."""
+    import gin
+    from gr_jax import train as train_main
+    model_dir = tmp_path_factory.mktemp("minilm") / "zero"
+    gin.clear_config()
+    try:
+        train_main.main(["--gin_file=dense/minilm.gin", f"--gin.DATA_DIR={spm_data_dir}",
+                         f"--gin.MODEL_DIR={model_dir}", "--gin.TRAIN_STEPS=0",
+                         "--gin.training.EvalConfig.ranking_depth=5"])
+    finally:
+        gin.clear_config()
+    return model_dir
+
+
 @pytest.fixture
 def ranked_hypernyms(wordnet_dir, tmp_path) -> pathlib.Path:
     """An in-context WordNet hypernym ranking data dir (food.n.02's subtree, half of it dev) with a 320-piece

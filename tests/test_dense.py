@@ -342,21 +342,15 @@ def test_t5_dual_encoder_trains_evaluates_and_searches_through_the_entry_points(
         built.retriever(params, settings=EvalConfig(ranking_depth=3), step=2).rank(["kimchi"], k=3)
 
 
-def test_zero_shot_minilm_ranks_as_sentence_transformers_cosine(tmp_path):
+def test_zero_shot_minilm_ranks_as_sentence_transformers_cosine(minilm_zero_shot_run, spm_data_dir):
     """TRAIN_STEPS=0: all-MiniLM-L6-v2 as shipped; its ranking is the cosine ranking of `load_minilm()`'s
-    embeddings (checked against sentence-transformers in test_minilm.py)."""
-    import gin
-    from gr_jax import train as train_main
+    embeddings (checked against sentence-transformers in test_minilm.py). The run (conftest) is shared with
+    test_gdr."""
     from gr_jax.encoders import load_minilm
     from gr_jax.evaluation import read_trec_run
-    data_dir = tmp_path / "fixture"
-    shutil.copytree(FIXTURES / "tasks", data_dir)
-    model_dir = tmp_path / "zero"
-    gin.clear_config()
-    train_main.main(["--gin_file=dense/minilm.gin", f"--gin.DATA_DIR={data_dir}", f"--gin.MODEL_DIR={model_dir}",
-                     "--gin.TRAIN_STEPS=0", "--gin.training.EvalConfig.ranking_depth=5"])
+    model_dir = minilm_zero_shot_run
     run = read_trec_run(model_dir / "run.dev.0.trec")
-    dataset = open_dataset(data_dir)
+    dataset = open_dataset(spm_data_dir)
     docids, texts = zip(*dataset.collection())
     queries = list(dataset.queries("dev"))
     encoder = load_minilm()

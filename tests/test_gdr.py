@@ -385,18 +385,14 @@ def test_gdr_trains_evaluates_and_takes_new_documents_without_training(spm_data_
 
 
 def test_minilm_query_tower_starts_as_the_query_encoder_of_the_dense_run_that_encoded_the_documents(
-        spm_data_dir, tmp_path):
+        spm_data_dir, minilm_zero_shot_run, tmp_path):
     import gin
     from gr_jax import gin_utils
-    from gr_jax import train as train_main
     from gr_jax.dense.model import QUERY
     from gr_jax.search import restore_retriever
     from gr_jax.tools import dense_index, gdr_index
     from gr_jax.training import EvalConfig
-    dense_dir = tmp_path / "minilm"
-    gin.clear_config()
-    train_main.main(["--gin_file=dense/minilm.gin", f"--gin.DATA_DIR={spm_data_dir}", f"--gin.MODEL_DIR={dense_dir}",
-                     "--gin.TRAIN_STEPS=0", "--gin.training.EvalConfig.every_steps=-1", "--gin.DOCUMENT_LENGTH=32"])
+    dense_dir = minilm_zero_shot_run  # MiniLM as shipped (TRAIN_STEPS=0), the run test_dense checks (conftest)
     gin.clear_config()
     dense_index.main(["--model_dir", str(dense_dir)])
     gin.clear_config()
@@ -411,12 +407,13 @@ def test_minilm_query_tower_starts_as_the_query_encoder_of_the_dense_run_that_en
     built = gin.query_parameter("%EXPERIMENT").scoped_configurable_fn().build()
     state = built.init_state()
     texts = ["sourdough bread", "kimchi"]
-    ours = np.asarray(built.model.query_vectors(state.params, jnp.asarray(built.tokenizer(texts, length=16).ids)))
+    before = jax.device_get(state.params)
+    # One program on one device (op by op on the 8-device mesh, MiniLM's ops each compile and run 8 times).
+    ours = np.asarray(jax.jit(built.model.query_vectors)(before, jnp.asarray(built.tokenizer(texts, length=16).ids)))
     gin.clear_config()
     _, dense = restore_retriever(str(dense_dir), settings=EvalConfig())
     np.testing.assert_allclose(ours, dense.encode(texts, side=QUERY), atol=2e-5)
     # A frozen tower stays as loaded through training (no update, no weight decay); the bridge learns.
-    before = jax.device_get(state.params)
     state, _ = built.trainer.train_step(state, built.batch_source.batch(1), jax.random.PRNGKey(0))
     state, _ = built.trainer.train_step(state, built.batch_source.batch(2), jax.random.PRNGKey(1))
     after = jax.device_get(state.params)

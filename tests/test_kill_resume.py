@@ -21,7 +21,7 @@ import orbax.checkpoint as ocp
 
 from gr_jax import checkpoints
 
-STEPS = 12
+STEPS = 8
 RECORD = "train_examples-0-of-1.jsonl"
 
 

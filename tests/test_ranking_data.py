@@ -165,29 +165,31 @@ def test_soft_cross_entropy_against_brute_force_and_one_hot():
 
 def test_the_model_loss_reads_soft_targets_and_item_weights():
     model = EncoderDecoderModel(config=MICRO)
+    loss_fn = jax.jit(model.loss_fn)  # whole programs: op by op, the network's ops compile one at a time
     rng = np.random.default_rng(1)
-    params = model.init(jax.random.PRNGKey(0), input_length=5, target_length=4)["params"]
+    params = jax.jit(lambda: model.init(jax.random.PRNGKey(0), input_length=5, target_length=4))()["params"]
     targets = np.array([[5, 6, EOS_ID, 0], [7, EOS_ID, 0, 0]], np.int32)
     batch = {"encoder_input_tokens": rng.integers(2, 32, size=(2, 5)).astype(np.int32),
              "decoder_target_tokens": targets, "decoder_input_tokens": np.pad(targets[:, :-1], ((0, 0), (1, 0))),
              "decoder_loss_weights": np.array([[1, 1, 1, 0], [.25, .25, 0, 0]], np.float32)}
-    hard, hard_metrics = model.loss_fn(params, batch, None)
+    hard, hard_metrics = loss_fn(params, batch, None)
     one_hot = {**batch, SOFT_TARGET_TOKENS: np.stack([targets, np.zeros_like(targets)], -1),
                SOFT_TARGET_MASS: np.stack([(targets > 0).astype(np.float32), np.zeros(targets.shape, np.float32)], -1)}
-    same, _ = model.loss_fn(params, one_hot, None)
+    same, _ = loss_fn(params, one_hot, None)
     np.testing.assert_allclose(same, hard, rtol=1e-6)
     # Half the mass of the first position moves to token 9: the loss is the weighted soft cross entropy.
     soft = {k: np.array(v) for k, v in one_hot.items()}
     soft[SOFT_TARGET_TOKENS][0, 0, 1], soft[SOFT_TARGET_MASS][0, 0] = 9, [0.5, 0.5]
-    value, metrics = model.loss_fn(params, soft, None)
-    logits = model.module.apply({"params": params}, batch["encoder_input_tokens"], batch["decoder_input_tokens"])
+    value, metrics = loss_fn(params, soft, None)
+    logits = jax.jit(model.module.apply)({"params": params}, batch["encoder_input_tokens"],
+                                         batch["decoder_input_tokens"])
     log_p = np.asarray(jax.nn.log_softmax(logits))
     per_token = -np.take_along_axis(log_p, targets[..., None], -1)[..., 0]
     per_token[0, 0] = -0.5 * (log_p[0, 0, 5] + log_p[0, 0, 9])
     z = 1e-4 * np.log(np.exp(np.asarray(logits, np.float64)).sum(-1)) ** 2
     np.testing.assert_allclose(value, np.sum((per_token + z) * batch["decoder_loss_weights"]), rtol=1e-5)
     assert metrics["weight"] == pytest.approx(3.5)
-    grads = jax.grad(lambda p: model.loss_fn(p, soft, None)[0])(params)
+    grads = jax.jit(jax.grad(lambda p: model.loss_fn(p, soft, None)[0]))(params)
     assert all(np.isfinite(g).all() for g in jax.tree.leaves(grads))
 
 
