@@ -140,10 +140,11 @@ def test_in_batch_negatives_span_the_global_batch_on_eight_devices(multi_vector)
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * np.abs(b).max())
 
     params = jax.device_get(params)
-    e_q = np.asarray(model.encode(params, batch["query_ids"], batch["query_mask"], side=QUERY), np.float64)
+    encode = jax.jit(model.encode, static_argnames="side")  # one program a side, not op by op
+    e_q = np.asarray(encode(params, batch["query_ids"], batch["query_mask"], side=QUERY), np.float64)
     docs = np.concatenate([batch["document_ids"], batch["negative_ids"].reshape(16, -1)])
     masks = np.concatenate([batch["document_mask"], batch["negative_mask"].reshape(16, -1)])
-    e_d = np.asarray(model.encode(params, docs, masks, side=DOCUMENT), np.float64)
+    e_d = np.asarray(encode(params, docs, masks, side=DOCUMENT), np.float64)
     s = np.asarray(scores(jnp.asarray(e_q), jnp.asarray(e_d)), np.float64) / model.config.temperature
     global_loss = sum(np.log(np.exp(s[i]).sum()) - s[i, i] for i in range(16))
     assert float(loss8) == pytest.approx(global_loss, rel=1e-4)
@@ -384,16 +385,17 @@ def test_normaliser_gap_is_log_z_over_the_corpus_minus_log_z_k_over_the_batch(sp
 
     model, tau = built.model, built.model.config.temperature
     host = jax.device_get(params)
+    encode = jax.jit(model.encode, static_argnames="side")  # one program a side and shape, not op by op
     texts = built.corpus.texts(range(len(built.corpus)))
     corpus_tokens = built.tokenizer(texts, length=24)
-    corpus = np.asarray(model.encode(host, corpus_tokens.ids, corpus_tokens.mask, side=DOCUMENT), np.float64)
+    corpus = np.asarray(encode(host, corpus_tokens.ids, corpus_tokens.mask, side=DOCUMENT), np.float64)
     log_z, log_z_k, k = [], [], []
     for b in range(2):
         batch = built.batch_source.batch(b)
-        q = np.asarray(model.encode(host, batch["query_ids"], batch["query_mask"], side=QUERY), np.float64)
+        q = np.asarray(encode(host, batch["query_ids"], batch["query_mask"], side=QUERY), np.float64)
         ids = np.concatenate([batch["document_ids"], batch["negative_ids"].reshape(8, -1)])
         masks = np.concatenate([batch["document_mask"], batch["negative_mask"].reshape(8, -1)])
-        candidates = np.asarray(model.encode(host, ids, masks, side=DOCUMENT), np.float64)
+        candidates = np.asarray(encode(host, ids, masks, side=DOCUMENT), np.float64)
         rows = np.concatenate([batch["document_row"], batch["negative_row"].reshape(-1)])
         for i in range(8):
             allowed = [c for c in range(len(rows)) if c == i or rows[c] != batch["document_row"][i]]

@@ -234,16 +234,19 @@ def test_recall_from_one_encoding_equals_separate_beam_search_and_query_vectors(
     return separately (cluster ids through the trie, their log-probabilities, r_q)."""
     from gr_jax.docids.trie import Trie
     model = GdrModel(config=MICRO, document_dim=16)
-    params = model.init(jax.random.PRNGKey(3), input_length=6, target_length=3)["params"]
+    # Each side one compiled program (op by op, every op of the network compiles on its own).
+    params = jax.jit(lambda: model.init(jax.random.PRNGKey(3), input_length=6, target_length=3))()["params"]
     ids = cluster_id_table(ClusterIds(branching=(2, 3), paths=np.array([[0, 0], [0, 1], [1, 0], [1, 2]]),
                                       assignment=[0, 1, 2, 3]), digit_tokens=range(10, 20))
     trie = Trie.build(ids.tokens, vocab_size=MICRO.vocab_size)
     tokens = jnp.asarray(np.random.default_rng(0).integers(2, MICRO.vocab_size, size=(3, 6)), jnp.int32)
-    result, vectors = model.recall_batch(params, tokens, num_beams=3, max_decode_len=ids.max_length, trie=trie)
-    expected = model.predict_batch(params, tokens, num_beams=3, max_decode_len=ids.max_length, trie=trie)
+    result, vectors = jax.jit(lambda p, q, t: model.recall_batch(p, q, num_beams=3, max_decode_len=ids.max_length,
+                                                                 trie=t))(params, tokens, trie)
+    expected = jax.jit(lambda p, q, t: model.predict_batch(p, q, num_beams=3, max_decode_len=ids.max_length,
+                                                           trie=t))(params, tokens, trie)
     np.testing.assert_array_equal(result.sequences, expected.sequences)
     np.testing.assert_allclose(result.scores, expected.scores, atol=1e-6)
-    np.testing.assert_allclose(vectors, model.query_vectors(params, tokens), atol=1e-6)
+    np.testing.assert_allclose(vectors, jax.jit(model.query_vectors)(params, tokens), atol=1e-6)
 
 
 def test_a_head_that_ranks_in_one_pass_is_refused():
@@ -267,7 +270,7 @@ def test_minilm_query_tower_of_the_document_width_is_the_dense_query_encoder():
                                                                                        params["tower"]))
     texts = ["a sweet baked food made of dough", "fermented cabbage"]
     tokens = tower.tokenizer(data_dir="")(texts, length=16).ids
-    np.testing.assert_allclose(np.asarray(model.query_vectors(params, jnp.asarray(tokens))),
+    np.testing.assert_allclose(np.asarray(jax.jit(model.query_vectors)(params, jnp.asarray(tokens))),  # not op by op
                                load_minilm()(texts), atol=2e-5)
 
 
@@ -378,8 +381,8 @@ def test_gdr_trains_evaluates_and_takes_new_documents_without_training(spm_data_
                                          settings=EvalConfig(num_beams=6, ranking_depth=12))
     ranking = retriever.rank(["kimchi"], k=12)
     assert sorted(ranking.ids[0]) == sorted([f"{i}" for i in built.index.docid_strings(np.arange(12))])
-    query = np.asarray(built.model.query_vectors(retriever.params, jnp.asarray(
-        built.tokenizer(["kimchi"], length=8).ids)))[0]
+    query = np.asarray(jax.jit(built.model.query_vectors)(jax.device_get(retriever.params), jnp.asarray(
+        built.tokenizer(["kimchi"], length=8).ids)))[0]  # one program on one device, not op by op on the mesh
     exact = built.index.vectors(np.arange(12)) @ query / built.model.temperature
     assert ranking.ids[0] == built.index.docid_strings(np.argsort(-exact, kind="stable"))
 

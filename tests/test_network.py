@@ -76,13 +76,16 @@ def test_incremental_decoding_matches_teacher_forcing():
     enc = jax.random.randint(jax.random.PRNGKey(1), (3, 7), 1, 128).at[0, 5:].set(0)
     tgt = jax.random.randint(jax.random.PRNGKey(2), (3, 5), 1, 128)
     dec_in = jnp.concatenate([jnp.zeros((3, 1), jnp.int32), tgt[:, :-1]], axis=1)
-    full = module.apply(variables, enc, dec_in)
-    context = module.apply(variables, enc, max_decode_len=5, method=network.Transformer.prefill)
+    # Compiled whole (op by op, each of the network's ops compiles on its own); one decode step program for all t.
+    full = jax.jit(module.apply)(variables, enc, dec_in)
+    context = jax.jit(lambda v, e: module.apply(v, e, max_decode_len=5, method=network.Transformer.prefill))(
+        variables, enc)
+    decode_step = jax.jit(lambda v, token, t, cache, context: module.apply(
+        v, token, position=t, cache=cache, context=context, method=network.Transformer.decode_step))
     cache = network.init_cache(MICRO, rows=3, max_decode_len=5)
     steps = []
     for t in range(5):
-        logits, cache = module.apply(variables, dec_in[:, t], position=jnp.int32(t), cache=cache, context=context,
-                                     method=network.Transformer.decode_step)
+        logits, cache = decode_step(variables, dec_in[:, t], jnp.int32(t), cache, context)
         steps.append(logits)
     np.testing.assert_allclose(np.stack(steps, 1), full, atol=1e-4, rtol=1e-4)
 

@@ -1,5 +1,6 @@
 """Model variants: atomic-ID head (full-corpus ranking, shard-wise), PAWA decoder, NCI's consistency loss, gins."""
 import dataclasses
+import functools
 import math
 
 import gin
@@ -38,8 +39,15 @@ PAWA = dataclasses.replace(MICRO, vocab_size=256, decoder_head="pawa", docid_voc
 
 def _params(config, *, input_length=7, target_length=4, loss=losses.TokenCrossEntropy()):
     model = EncoderDecoderModel(config=config, loss=loss)
-    variables = model.init(jax.random.PRNGKey(0), input_length=input_length, target_length=target_length)
-    return model, nn.unbox(variables)["params"]
+    # The init depends on the network alone (not the loss): computed once per config, in fresh containers.
+    return model, jax.tree.map(lambda x: x, _initial_params(config, input_length, target_length))
+
+
+@functools.cache
+def _initial_params(config, input_length, target_length):
+    variables = EncoderDecoderModel(config=config).init(jax.random.PRNGKey(0), input_length=input_length,
+                                                        target_length=target_length)
+    return nn.unbox(variables)["params"]
 
 
 def _queries(n, length=7, seed=1):
