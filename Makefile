@@ -9,6 +9,9 @@ DEMO_DATA := data/wordnet_food
 DEMO_DIR ?= runs/wordnet_demo
 DEMO_STEPS ?= 400
 DEMO_GDR_STEPS ?= 150
+# Test worker processes: most tests are bound by XLA's single-threaded compiles, so two workers on two cores take
+# about 0.64x the time of one (805 tests: 10m29s against 16m26s); each test file stays on one worker.
+TEST_WORKERS ?= 2
 export TF_CPP_MIN_LOG_LEVEL := 3
 
 .PHONY: demo test venv wordnet clean-demo
@@ -61,7 +64,7 @@ demo: $(STAMP) $(DEMO_DATA)/spm.model
 	  --dense $(DEMO_DIR)/minilm.json --gdr $(DEMO_DIR)/gdr/final_metrics.json
 
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
 clean-demo:
 	rm -rf $(DEMO_DIR)

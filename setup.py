@@ -27,6 +27,7 @@ INSTALL_REQUIRES = [
 ]
 TEST_REQUIRES = [
     "pytest==9.2.0",
+    "pytest-xdist==3.8.0",  # `make test` runs the suite in two worker processes
     "hypothesis==6.170.15",
     "ir-measures==0.4.3",
     "pytrec-eval-terrier==0.5.11",
