@@ -2,6 +2,7 @@
 per-pair scoring, the chance level of a model that cannot tell identifiers apart, and the entry points."""
 import json
 import math
+import statistics
 import types
 
 import jax
@@ -12,6 +13,7 @@ import pytest
 
 from gr_jax import network
 from gr_jax import partitioning
+from gr_jax.data.readers import open_dataset
 from gr_jax.docids.identifiers import DocumentIdentifiers
 from gr_jax.docids.table import DocidTable
 from gr_jax.models import EncoderDecoderModel
@@ -170,6 +172,13 @@ def test_cgl_during_training_and_from_the_entry_point(spm_data_dir, tmp_path, ca
     assert result["cgl"] == pytest.approx(final["cgl/dev/cgl"], rel=1e-6)  # the training action's, last step
     # The fixture's dev split judges one document that is not in the collection: that query is counted, not scored.
     assert result["num_queries"] == 3 and result["queries_without_positive"] == 1
+    dev = open_dataset(spm_data_dir)
+    collection = {pid for pid, _ in dev.collection()}
+    scored = [qid for qid, _ in dev.queries("dev") if set(dev.qrels("dev").get(qid, {})) & collection]
+    assert list(result["per_query"]) == scored
+    values = list(result["per_query"].values())
+    assert result["cgl"] == pytest.approx(statistics.fmean(values), rel=1e-12)
+    assert result["cgl_standard_error"] == pytest.approx(statistics.stdev(values) / math.sqrt(3), rel=1e-9)
     assert result["settings"] == {"num_negatives": 4, "positive_reduction": "min", "token_reduction": "mean",
                                   "identifier_reduction": "mean", "seed": 0, "batch_size": 8,
                                   "candidates_per_call": 1024, "max_queries": None}

@@ -11,7 +11,7 @@ through the few spans it generates). L+ is the minimum over the query's judged p
 or 'mean'); the negatives are `num_negatives` documents drawn uniformly without replacement from the docid space
 minus the query's positives, fresh per query from `seed` (the authors' code: 256, S- = mean x 256, which is the
 sum). A model that cannot tell positives from negatives scores log((n + 1) / n), 0.0039 for n = 256; lower is
-better. The reported value is the mean over the split's queries.
+better. The reported value is the mean over the split's queries, with its standard error and each query's value.
 
 Scoring is teacher-forced and batched (`EncoderDecoderModel.score_candidates`: each query encoded once, its
 1 + n candidates decoded together), jitted with the trainer's parameter shardings over the run's mesh. Queries
@@ -169,7 +169,7 @@ class CglScorer:
         if config.max_queries:
             queries = queries[:config.max_queries]
         qrels = data.qrels(split)
-        kept, positives, without = [], [], 0
+        kept, kept_ids, positives, without = [], [], [], 0
         for qid, text in queries:
             judged = [docid for docid, grade in qrels.get(qid, {}).items() if grade > 0]
             documents = identifiers.documents_of(judged) if judged else np.zeros(0, np.int64)
@@ -178,6 +178,7 @@ class CglScorer:
                 without += 1
                 continue
             kept.append(text)
+            kept_ids.append(qid)
             positives.append(documents)
         if not kept:
             raise ValueError(f"no query of {experiment.dataset.data_dir} split {split!r} has a judged document in "
@@ -194,11 +195,15 @@ class CglScorer:
         per_query = contrastive_generation_loss(losses[:, :most], positive_documents >= 0, losses[:, most:],
                                                 positive_reduction=config.positive_reduction)
         strings = np.diff(identifiers.offsets)
-        return {"cgl": float(per_query.mean()), "chance": chance_level(config.num_negatives),
+        # The standard error of the mean over queries; the per-query values (same negatives for the same split,
+        # seed and docid space) allow paired comparisons of two checkpoints or runs.
+        standard_error = float(per_query.std(ddof=1) / math.sqrt(len(per_query))) if len(per_query) > 1 else None
+        return {"cgl": float(per_query.mean()), "cgl_standard_error": standard_error,
+                "chance": chance_level(config.num_negatives),
                 "positive_loss": float(np.nanmean(losses[:, :most])), "negative_loss": float(losses[:, most:].mean()),
                 "num_queries": len(kept), "queries_without_positive": without, "split": split,
                 "identifier_strings_per_document": {"mean": float(strings.mean()), "max": int(strings.max())},
-                "settings": dataclasses.asdict(config)}
+                "settings": dataclasses.asdict(config), "per_query": dict(zip(kept_ids, per_query.tolist()))}
 
 
 def evaluate_cgl(*, experiment: Any, split: Optional[str] = None, step: Optional[int] = None,
