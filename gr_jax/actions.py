@@ -74,7 +74,7 @@ class TrainingRun:
                                f"{self.start_step}): its saved state would resume elsewhere")
         experiment = self.built.experiment
         return {"batches_consumed": consumed, "seed": experiment.seed, "batch_size": experiment.batch_size,
-                "num_processes": jax.process_count()}
+                "num_processes": jax.process_count(), "inputs": self.built.input_fingerprint()}
 
     def checkpointable_input(self) -> Optional[checkpoints.CheckpointableInput]:
         """The input whose state each checkpoint saves, if it can save one."""

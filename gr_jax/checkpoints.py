@@ -247,6 +247,14 @@ class Checkpointer:
             logger.info("Restored the input iterator of step %d from %s", step, self.directory)
         return ok
 
+    def input_state(self, step: int) -> dict:
+        """The input state saved with checkpoint `step` (a small JSON item), without reading the train state."""
+        self._manager.wait_until_finished()
+        if step not in self.all_steps():
+            raise FileNotFoundError(f"no checkpoint of step {step} in {self.directory}")
+        restored = self._manager.restore(step, args=ocp.args.Composite(**{INPUT_ITEM: ocp.args.JsonRestore()}))
+        return dict(restored[INPUT_ITEM])
+
     def saved_params(self, step: int) -> dict[str, jax.ShapeDtypeStruct]:
         """'/'-joined path -> shape and dtype of each leaf of `state.params` saved at `step` (read from metadata)."""
         metadata = ocp.PyTreeCheckpointer().metadata(self.directory / str(step) / STATE_ITEM).item_metadata.tree

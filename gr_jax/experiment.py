@@ -7,6 +7,7 @@ and hands that value to task registration, the model builder and the retriever.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import pathlib
 from collections.abc import Callable, Container, Iterator, Sequence
@@ -244,9 +245,30 @@ class BuiltRun:
                                     f"(python -m gr_jax.train ... --gin.MODEL_DIR={self.experiment.model_dir})")
         return step
 
+    def input_fingerprint(self) -> dict[str, str]:
+        """Digests of the inputs that give the parameters their meaning (e.g. the vocabulary file's bytes): saved
+        with every checkpoint and compared on restore, so a checkpoint is never read with a rebuilt vocabulary or
+        docid table. Runs without such inputs return {}."""
+        return {}
+
+    def check_inputs(self, saved: dict, *, where: str) -> None:
+        """Raises when the input fingerprint saved at `where` (a checkpoint's input state; older checkpoints have
+        none) disagrees with this run's: the checkpoint's token ids would mean other pieces or documents."""
+        current = self.input_fingerprint()
+        changed = [name for name, digest in saved.get("inputs", {}).items()
+                   if name in current and current[name] != digest]
+        if changed:
+            raise ValueError(f"{where}: the checkpoint was trained on other {' and '.join(changed)} than this run "
+                             f"reads (sha256 {[saved['inputs'][n][:12] for n in changed]} then, "
+                             f"{[current[n][:12] for n in changed]} now): the data dir was rebuilt since. Point the "
+                             "run at the original files (DatasetConfig.vocabulary_path, the docid table) or retrain")
+
     def restore(self, step: Optional[int] = None):
-        """(state, input_state) of `step` (default: latest)."""
-        return self.checkpointer.restore(self._checkpoint_step(step), abstract_state=self.trainer.abstract_state)
+        """(state, input_state) of `step` (default: latest), after `check_inputs`."""
+        step = self._checkpoint_step(step)
+        state, input_state = self.checkpointer.restore(step, abstract_state=self.trainer.abstract_state)
+        self.check_inputs(input_state, where=str(self.checkpointer.directory / str(step)))
+        return state, input_state
 
     def restore_params(self, step: Optional[int] = None) -> tuple[Any, int]:
         """(params, step) of `step` (default: latest), without reading the optimizer state. A step that rotated
@@ -260,6 +282,7 @@ class BuiltRun:
                 raise FileNotFoundError(f"no checkpoint of step {step} in {checkpointer.directory} (it has "
                                         f"{checkpointer.all_steps()}) or in {best_dir}")
             checkpointer = best
+        self.check_inputs(checkpointer.input_state(step), where=str(checkpointer.directory / str(step)))
         return checkpointer.restore_params(step, abstract_params=self.trainer.abstract_state.params), step
 
     def known_docids(self) -> Optional[Container[str]]:
@@ -306,6 +329,19 @@ class Built(BuiltRun):
     mesh: Any
     trainer: Trainer
     checkpointer: checkpoints.Checkpointer
+
+    def input_fingerprint(self) -> dict[str, str]:
+        """sha256 of the vocabulary file and of the docid table's token ids [docids, length] (computed once: every
+        checkpoint saves it)."""
+        fingerprint = self.__dict__.get("_input_fingerprint")
+        if fingerprint is None:
+            vocabulary = vocabulary_file(self.experiment.dataset).read_bytes()
+            fingerprint = {"vocabulary": hashlib.sha256(vocabulary).hexdigest()}
+            if self.docid_space is not None:
+                tokens = np.ascontiguousarray(self.docid_space.table.tokens, np.int64)
+                fingerprint["docid table"] = hashlib.sha256(repr(tokens.shape).encode() + tokens.tobytes()).hexdigest()
+            self.__dict__["_input_fingerprint"] = fingerprint
+        return dict(fingerprint)
 
     def init_state(self):
         """A fresh train state, its parameters from `init_checkpoint` when set (a gr_jax run dir: warm start; else a

@@ -114,7 +114,7 @@ def initial_state(built: BuiltRun) -> tuple[Any, int, Optional[int]]:
     latest = built.checkpointer.latest_step()
     if latest is None:
         return built.init_state(), 0, None
-    state, input_state = built.checkpointer.restore(latest, abstract_state=built.trainer.abstract_state)
+    state, input_state = built.restore(latest)  # checks the saved input fingerprint
     start_batch, same_batches = resume_position(input_state, experiment=built.experiment,
                                                 where=f"{built.checkpointer.directory / str(latest)}")
     logger.info("resumed from step %d (batch %d)", latest, start_batch)

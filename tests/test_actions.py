@@ -62,7 +62,8 @@ class ScoreTableRetriever:
 def _run(tmp_path, *, start_step=0, start_batch=0):
     built = types.SimpleNamespace(checkpointer=FakeCheckpointer(),
                                   trainer=types.SimpleNamespace(abstract_state=types.SimpleNamespace(params=None)),
-                                  experiment=types.SimpleNamespace(model_dir=str(tmp_path), seed=7, batch_size=4))
+                                  experiment=types.SimpleNamespace(model_dir=str(tmp_path), seed=7, batch_size=4),
+                                  input_fingerprint=lambda: {"vocabulary": "ab12"})
     return actions.TrainingRun(built=built, writer=FakeWriter(), start_step=start_step, start_batch=start_batch)
 
 
@@ -102,7 +103,8 @@ def test_save_checkpoint_every_n_steps_at_the_last_and_where_training_stopped(tm
     saved = run.built.checkpointer.saved
     assert sorted(saved) == [12, 16, 17] and saved[17]["force"] and not saved[12]["force"]
     assert [saved[s]["input_state"] for s in (12, 16, 17)] == [
-        {"batches_consumed": b, "seed": 7, "batch_size": 4, "num_processes": 1} for b in (32, 36, 37)]
+        {"batches_consumed": b, "seed": 7, "batch_size": 4, "num_processes": 1, "inputs": {"vocabulary": "ab12"}}
+        for b in (32, 36, 37)]
     assert all(saved[s]["input_iterator"] is None for s in saved)  # a plain iterator has no state to save
     with pytest.raises(ValueError, match="every_steps must be >= 1"):
         actions.SaveCheckpoint(every_steps=0)

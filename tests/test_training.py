@@ -1,6 +1,7 @@
 """Trainer and training loop: sharding, learning, exact resume, microbatches, NaN guard, entry points."""
 import dataclasses
 import io
+import hashlib
 import json
 import math
 import pathlib
@@ -115,10 +116,10 @@ def data_dir(tmp_path_factory) -> pathlib.Path:
     return path
 
 
-def _experiment(data_dir, model_dir, *, dropout=0.1, lr=3e-3):
+def _experiment(data_dir, model_dir, *, dropout=0.1, lr=3e-3, name="fixture"):
     return experiment_lib.Experiment(
         model_dir=str(model_dir),
-        dataset=experiment_lib.DatasetConfig(name="fixture", data_dir=str(data_dir), input_length=16, target_length=12),
+        dataset=experiment_lib.DatasetConfig(name=name, data_dir=str(data_dir), input_length=16, target_length=12),
         network_config=network.T5Config(**{**MICRO.__dict__, "vocab_size": None, "dropout_rate": dropout}),
         learning_rate=optimizers.warmup_constant(peak=lr, warmup_steps=2), batch_size=8, mesh_data=4,
         mesh_model=2)
@@ -161,11 +162,37 @@ def test_resume_equals_uninterrupted_run(data_dir, tmp_path, caplog):
     for model_dir in (tmp_path / "resumed", old):
         b, input_state = _experiment(data_dir, model_dir).build().restore()
         assert int(a.step) == int(b.step) == 7
-        assert input_state == {"batches_consumed": 7, "seed": 0, "batch_size": 8, "num_processes": 1}
+        assert input_state == {"batches_consumed": 7, "seed": 0, "batch_size": 8, "num_processes": 1,
+                               "inputs": straight.build().input_fingerprint()}
         for x, y in zip(jax.tree.leaves(jax.device_get(a)), jax.tree.leaves(jax.device_get(b))):
             np.testing.assert_array_equal(x, y)
         assert _records(model_dir) == _records(tmp_path / "straight") and sorted(_records(model_dir)) == [
             *range(1, 8)]
+
+
+def test_a_checkpoint_is_never_read_with_a_rebuilt_vocabulary(data_dir, tmp_path):
+    """Each checkpoint saves the sha256 of the vocabulary file and of the docid table's tokens; after the data dir's
+    SentencePiece model is trained again (other piece ids), evaluating or resuming the run is an error, not a
+    model reading token ids that now mean other pieces."""
+    own = tmp_path / "data"
+    shutil.copytree(data_dir, own)
+    experiment = _experiment(own, tmp_path / "run", name="fixture_first_vocabulary")
+    training.train(experiment=experiment, num_train_steps=2, checkpoint_every_steps=2, eval_config=NO_EVAL,
+                   progress=False)
+    built = experiment.build()
+    _, input_state = built.restore()
+    assert input_state["inputs"]["vocabulary"] == hashlib.sha256((own / "spm.model").read_bytes()).hexdigest()
+    assert set(input_state["inputs"]) == {"vocabulary", "docid table"}
+    assert built.restore_params()[1] == 2
+    texts = [line.split("\t", 1)[1] for name in ("collection.tsv", "queries.train.tsv")
+             for line in (own / name).read_text().splitlines()]
+    train_sentencepiece(texts=texts * 3, model_path=own / "spm.model", vocab_size=330)
+    rebuilt = _experiment(own, tmp_path / "run", name="fixture_second_vocabulary")  # its tasks mean other ids
+    with pytest.raises(ValueError, match=r"checkpoints/2: the checkpoint was trained on other vocabulary"):
+        rebuilt.build().restore_params()
+    with pytest.raises(ValueError, match="the data dir was rebuilt since"):
+        training.train(experiment=rebuilt, num_train_steps=4, checkpoint_every_steps=2, eval_config=NO_EVAL,
+                       progress=False)
 
 
 def test_resume_position_refuses_another_seed_and_keeps_the_example_across_batch_sizes():
