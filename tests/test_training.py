@@ -110,10 +110,15 @@ def test_bad_batch_sizes_are_rejected():
 def data_dir(tmp_path_factory) -> pathlib.Path:
     path = tmp_path_factory.mktemp("data") / "fixture"
     shutil.copytree(FIXTURE_DATA, path)
+    _train_vocabulary(path, vocab_size=320)
+    return path
+
+
+def _train_vocabulary(path: pathlib.Path, *, vocab_size: int) -> None:
+    """`path/spm.model`: SentencePiece of the data dir's documents and training queries."""
     texts = [line.split("\t", 1)[1] for name in ("collection.tsv", "queries.train.tsv")
              for line in (path / name).read_text().splitlines()]
-    train_sentencepiece(texts=texts * 3, model_path=path / "spm.model", vocab_size=320)
-    return path
+    train_sentencepiece(texts=texts * 3, model_path=path / "spm.model", vocab_size=vocab_size)
 
 
 def _experiment(data_dir, model_dir, *, dropout=0.1, lr=3e-3, name="fixture"):
@@ -184,9 +189,7 @@ def test_a_checkpoint_is_never_read_with_a_rebuilt_vocabulary(data_dir, tmp_path
     assert input_state["inputs"]["vocabulary"] == hashlib.sha256((own / "spm.model").read_bytes()).hexdigest()
     assert set(input_state["inputs"]) == {"vocabulary", "docid table"}
     assert built.restore_params()[1] == 2
-    texts = [line.split("\t", 1)[1] for name in ("collection.tsv", "queries.train.tsv")
-             for line in (own / name).read_text().splitlines()]
-    train_sentencepiece(texts=texts * 3, model_path=own / "spm.model", vocab_size=330)
+    _train_vocabulary(own, vocab_size=330)  # other pieces, other ids
     rebuilt = _experiment(own, tmp_path / "run", name="fixture_second_vocabulary")  # its tasks mean other ids
     with pytest.raises(ValueError, match=r"checkpoints/2: the checkpoint was trained on other vocabulary"):
         rebuilt.build().restore_params()
