@@ -35,6 +35,7 @@ wordnet:
 
 $(DEMO_DATA)/spm.model: | $(STAMP) wordnet
 	@echo "Building the WordNet noun.food reverse dictionary and its vocabulary in $(DEMO_DATA)"
+	@mkdir -p $(dir $(DEMO_DATA))
 	@$(PY) -m gr_jax.tools.wordnet --wordnet_dir $(WORDNET_DIR) --lexfiles noun.food --out_dir $(DEMO_DATA) \
 	  > $(DEMO_DATA).wordnet.json
 	@$(PY) -m gr_jax.tools.make_vocab --data_dir $(DEMO_DATA) --vocab_size 2000 > $(DEMO_DATA).vocab.json
