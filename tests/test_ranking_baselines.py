@@ -42,21 +42,31 @@ def test_cross_encoder_loss_is_eq_14():
     assert float(jnp.std(params["hidden_1"]["kernel"])) == pytest.approx((1 / 8) ** 0.5, rel=0.3)
 
 
-@pytest.mark.parametrize("ranker", [DualEncoderTable(num_items=40, dim=16), CrossEncoderTable(num_items=40, dim=16)])
-def test_rankers_learn_a_toy_ranking(ranker):
+@pytest.mark.parametrize("ranker, trained_at_least", [(DualEncoderTable(num_items=40, dim=16), 0.9),
+                                                      (CrossEncoderTable(num_items=40, dim=16), 0.97)])
+def test_rankers_learn_a_toy_ranking(ranker, trained_at_least):
     """10 queries (items 0-9), each with 3 ranked documents among items 10-39 and one negative: trained with
-    lambda = 1/r^2, nDCG rises well above the untrained model's (the negative is never trained on)."""
-    rng = np.random.default_rng(0)
-    lists = np.stack([rng.choice(np.arange(10, 40), size=4, replace=False) for _ in range(10)])  # 3 gold + negative
-    queries = np.repeat(np.arange(10), 3)
-    documents = lists[:, :3].reshape(-1)
-    ranks = np.tile([1, 2, 3], 10)
-    weights = Fractional(alpha=2.0)(ranks, np.full(30, 3))
+    lambda = 1/r^2, nDCG rises well above the untrained model's (the negative is never trained on).
 
-    def quality(params):
-        scores = np.asarray(ranker.score(params, jnp.repeat(jnp.arange(10), 4), jnp.asarray(lists.reshape(-1))))
-        return ndcg(scores.reshape(10, 4), np.ones((10, 3), bool))
+    SGD at learning rate 1.0 with momentum (the paper's dual-encoder optimiser) is chaotic: one seed's result moves
+    with the floating-point order of the CPU (DE seed 0: 0.951 on one x86 CPU, 0.925 on another). So the bounds are
+    on three seeds (toy lists, initialisation and batches drawn from each), with margin: measured on an AMD EPYC,
+    DE 0.846 -> 0.938 and CE 0.884 -> 0.999 on average, every seed's gain at least 0.066 (DE) and 0.084 (CE)."""
+    before, after = [], []
+    for seed in range(3):
+        rng = np.random.default_rng(seed)
+        lists = np.stack([rng.choice(np.arange(10, 40), size=4, replace=False) for _ in range(10)])  # 3 gold + neg.
+        queries = np.repeat(np.arange(10), 3)
+        documents = lists[:, :3].reshape(-1)
+        ranks = np.tile([1, 2, 3], 10)
+        weights = Fractional(alpha=2.0)(ranks, np.full(30, 3))
 
-    before = quality(ranker.init(jax.random.PRNGKey(0)))
-    after = quality(train(ranker, queries=queries, documents=documents, weights=weights, steps=400, batch_size=16))
-    assert after > 0.94 and after > before + 0.05  # measured: DE 0.859 -> 0.951, CE 0.891 -> 0.998
+        def quality(params):
+            scores = np.asarray(ranker.score(params, jnp.repeat(jnp.arange(10), 4), jnp.asarray(lists.reshape(-1))))
+            return ndcg(scores.reshape(10, 4), np.ones((10, 3), bool))
+
+        before.append(quality(ranker.init(jax.random.PRNGKey(seed))))
+        after.append(quality(train(ranker, queries=queries, documents=documents, weights=weights, steps=400,
+                                   batch_size=16, seed=seed)))
+    gains = np.subtract(after, before)
+    assert np.mean(after) > trained_at_least and np.mean(gains) > 0.05 and np.all(gains > 0.02), (before, after)
