@@ -1,8 +1,8 @@
 """Train-state checkpoints with orbax: sharded arrays plus the input pipeline's position, saved together.
 
 Each step directory holds up to three items: 'state' (any pytree of `jax.Array`s, possibly sharded; written
-by every process, each its own shards, with `StandardSave`), 'input' (a small JSON dict such as
-`{"batches_consumed": 123, "seed": 0}`, written by process 0 with `JsonSave`), so a resumed run
+by every process, each its own shards, with orbax's pytree handler: `_state_handler`), 'input' (a small JSON dict
+such as `{"batches_consumed": 123, "seed": 0}`, written by process 0 with `JsonSave`), so a resumed run
 continues at the exact example where the saved one stopped, and, for an input that can save its own state
 (`CheckpointableInput`: the seqio pipeline's tf.data iterator), 'input_iterator': one file set per process, so
 the resume takes time independent of the step. Being an item of the step, the iterator state is committed
@@ -23,9 +23,11 @@ import tempfile
 from typing import Any, Optional, Protocol, runtime_checkable
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 from orbax.checkpoint import future as ocp_future
+from orbax.checkpoint._src.metadata import array_metadata_store  # pinned orbax: the default handler's store
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +95,25 @@ class InputIteratorRestore(ocp.args.CheckpointArgs):
     input: CheckpointableInput
 
 
+# An array replicated over R devices is written in R slices by default ("replica-parallel"), each cut out of its
+# device buffer by an eagerly dispatched (and, per shape, compiled) slice: the write is spread over the hosts holding
+# the replicas. Below this many bytes per slice the slicing costs more than it spreads (on one host it spreads
+# nothing): such arrays are written whole by one replica, as orbax does for any array that no dimension divides.
+MIN_REPLICA_SLICE_BYTES = 1 << 20
+
+
+def _state_handler() -> ocp.PyTreeCheckpointHandler:
+    """orbax's handler of a pytree of arrays (what `StandardSave` uses, same files), its arrays written by
+    `MIN_REPLICA_SLICE_BYTES`'s rule."""
+    arrays = ocp.type_handlers.ArrayHandler(array_metadata_store=array_metadata_store.Store(),
+                                            min_slice_bytes_for_replica_parallel=MIN_REPLICA_SLICE_BYTES)
+    scalars = ocp.type_handlers.ScalarHandler()
+    registry = ocp.type_handlers.create_type_handler_registry(
+        (int, scalars), (float, scalars), (bytes, scalars), (np.number, scalars),
+        (np.ndarray, ocp.type_handlers.NumpyHandler()), (jax.Array, arrays), (str, ocp.type_handlers.StringHandler()))
+    return ocp.PyTreeCheckpointHandler(type_handler_registry=registry)
+
+
 def _as_path(directory: str | os.PathLike) -> epath.Path:
     text = os.fspath(directory)
     if "://" in text:  # gs://, s3:// ...: leave remote paths alone
@@ -152,7 +173,8 @@ class Checkpointer:
                 enable_async_checkpointing=asynchronous,
                 create=True,
             ),
-            item_names=(STATE_ITEM, INPUT_ITEM, INPUT_ITERATOR_ITEM),
+            item_handlers={STATE_ITEM: _state_handler(), INPUT_ITEM: ocp.JsonCheckpointHandler(),
+                           INPUT_ITERATOR_ITEM: _InputIteratorHandler()},
         )
 
     # -- queries -----------------------------------------------------------------------------
@@ -195,7 +217,7 @@ class Checkpointer:
             # Never overwrite: e.g. a forced final save of a step the periodic save already wrote.
             logger.info("Checkpoint of step %d already exists in %s; not saving again", step, self.directory)
             return False
-        items = {STATE_ITEM: ocp.args.StandardSave(state), INPUT_ITEM: ocp.args.JsonSave(input_state)}
+        items = {STATE_ITEM: ocp.args.PyTreeSave(state), INPUT_ITEM: ocp.args.JsonSave(input_state)}
         if input_iterator is not None:
             items[INPUT_ITERATOR_ITEM] = InputIteratorSave(input_iterator)
         saved = self._manager.save(step, args=ocp.args.Composite(**items), force=force)
@@ -220,12 +242,9 @@ class Checkpointer:
         elif step not in available:
             raise FileNotFoundError(f"no checkpoint of step {step} in {self.directory}; available: {available}")
         target = jax.tree_util.tree_map_with_path(_abstract_leaf, abstract_state)
+        state_args = ocp.args.PyTreeRestore(item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target))
         restored = self._manager.restore(
-            step,
-            args=ocp.args.Composite(
-                **{STATE_ITEM: ocp.args.StandardRestore(target), INPUT_ITEM: ocp.args.JsonRestore()}
-            ),
-        )
+            step, args=ocp.args.Composite(**{STATE_ITEM: state_args, INPUT_ITEM: ocp.args.JsonRestore()}))
         logger.info("Restored checkpoint of step %d from %s", step, self.directory)
         return restored[STATE_ITEM], dict(restored[INPUT_ITEM])
 
