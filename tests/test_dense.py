@@ -2,6 +2,7 @@
 MaxSim, the training batches (deterministic, resumable, sharded, mined negatives), the corpus index against exact
 search, its manifest's refusals, the Brier score, and the entry points on a dual encoder."""
 import dataclasses
+import functools
 import io
 import json
 import shutil
@@ -25,12 +26,23 @@ from gr_jax.trainer import Trainer
 
 from conftest import FIXTURES
 
-MICRO_T5 = network.T5Config(vocab_size=128, emb_dim=32, num_heads=2, num_encoder_layers=2, num_decoder_layers=2,
+# One layer: what these tests check does not depend on the tower's depth (a T5 tower is the encoder stack alone; the
+# decoder's layers are never created), and each program compiles in about half the time of two layers.
+MICRO_T5 = network.T5Config(vocab_size=128, emb_dim=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
                             head_dim=8, mlp_dim=64, dropout_rate=0.0)
 
 
 def micro_model(**changes) -> DualEncoderModel:
     return DualEncoderModel(config=DualEncoderConfig(tower=T5EncoderTower(config=MICRO_T5), **changes))
+
+
+@functools.cache
+def micro_params():
+    """micro_model()'s initial parameters, unboxed, computed once by one program (op by op, each of the
+    initialiser's ops compiles on its own): they depend neither on the token lengths nor on the dropout rate, and
+    the tests only read them."""
+    return jax.jit(lambda: partitioning.strip_boxes(micro_model().init(jax.random.PRNGKey(0), input_length=6,
+                                                                       target_length=10)["params"]))()
 
 
 def fake_tokenizer(texts, *, length):
@@ -82,8 +94,7 @@ def test_candidates_mask_the_positive_seen_again_and_empty_negative_slots():
     batch["document_row"][:] = [5, 5, 7]  # queries 0 and 1 share their positive
     # Query 0 has one empty slot, and its negative 7 is query 2's positive.
     batch["negative_row"][:] = [[7, -1], [8, 9], [10, 11]]
-    params = model.init(jax.random.PRNGKey(0), input_length=6, target_length=10)["params"]
-    _, owner, valid = model.candidate_scores(partitioning.strip_boxes(params), batch, None)
+    _, owner, valid = jax.jit(model.candidate_scores)(micro_params(), batch, None)  # one program, not op by op
     valid = np.asarray(valid)
     np.testing.assert_array_equal(np.asarray(owner), [0, 1, 2, 0, 0, 1, 1, 2, 2])
     # candidates: positives 5, 5, 7, then negatives 7, -1, 8, 9, 10, 11
@@ -99,11 +110,12 @@ def test_queries_and_their_positives_draw_different_dropout_masks():
         tower=T5EncoderTower(config=dataclasses.replace(MICRO_T5, dropout_rate=0.3))))
     batch = random_batch(np.random.default_rng(5), batch=4, negatives=1, query_length=10, doc_length=10)
     batch["document_ids"], batch["document_mask"] = batch["query_ids"], batch["query_mask"]
-    params = partitioning.strip_boxes(model.init(jax.random.PRNGKey(0), input_length=10, target_length=10)["params"])
+    params = micro_params()  # the dropout rate changes no parameter
     tau = model.config.temperature
-    without, _, _ = model.candidate_scores(params, batch, None)
+    candidate_scores = jax.jit(model.candidate_scores)  # one program each way, not op by op
+    without, _, _ = candidate_scores(params, batch, None)
     np.testing.assert_allclose(np.diag(np.asarray(without)[:, :4]) * tau, 1.0, rtol=1e-5)
-    with_dropout, _, _ = model.candidate_scores(params, batch, jax.random.PRNGKey(1))
+    with_dropout, _, _ = candidate_scores(params, batch, jax.random.PRNGKey(1))
     assert np.all(np.diag(np.asarray(with_dropout)[:, :4]) * tau < 0.999)
 
 
@@ -124,22 +136,25 @@ def test_in_batch_negatives_span_the_global_batch_on_eight_devices(multi_vector)
     batch = random_batch(np.random.default_rng(3), batch=16, negatives=1)
     schedule = optimizers.warmup_constant(peak=1e-3, warmup_steps=1)
 
-    def loss_and_grads(mesh):
+    def loss_and_grads(mesh, host_params=None):
         trainer = Trainer(model=model, optimizer=optimizers.make_optimizer(name="adamw", learning_rate=schedule),
                           mesh=mesh, input_length=6, target_length=10, batch_size=16)
-        params = trainer.init_state(jax.random.PRNGKey(0)).params
+        if host_params is None:
+            params = trainer.init_state(jax.random.PRNGKey(0)).params
+        else:  # the same parameters on this mesh (a second init would compile the initialiser again)
+            params = jax.device_put(host_params, trainer.state_shardings.params)
         with trainer.sharding_context():
             step = jax.jit(jax.value_and_grad(lambda p, b: model.loss_fn(p, b, None)[0]),
                            in_shardings=(trainer.state_shardings.params, trainer.batch_sharding))
             return jax.device_get(step(params, partitioning.host_batch_to_global(batch, mesh=mesh))), params
 
     (loss8, grads8), params = loss_and_grads(partitioning.make_mesh(data=8, model=1))
-    (loss1, grads1), _ = loss_and_grads(partitioning.make_mesh(data=1, model=1, devices=jax.devices()[:1]))
+    params = jax.device_get(params)
+    (loss1, grads1), _ = loss_and_grads(partitioning.make_mesh(data=1, model=1, devices=jax.devices()[:1]), params)
     assert float(loss8) == pytest.approx(float(loss1), rel=1e-6)
     for a, b in zip(jax.tree.leaves(grads8), jax.tree.leaves(grads1)):  # float32 sums in another order
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * np.abs(b).max())
 
-    params = jax.device_get(params)
     encode = jax.jit(model.encode, static_argnames="side")  # one program a side, not op by op
     e_q = np.asarray(encode(params, batch["query_ids"], batch["query_mask"], side=QUERY), np.float64)
     docs = np.concatenate([batch["document_ids"], batch["negative_ids"].reshape(16, -1)])
@@ -419,11 +434,14 @@ def test_t5_tower_loads_only_the_encoder_of_a_hugging_face_checkpoint(tmp_path):
     config = our_config()
     tower = T5EncoderTower(config=config, init_checkpoint=str(tmp_path))
     model = DualEncoderModel(config=DualEncoderConfig(tower=tower))
-    fresh = partitioning.strip_boxes(model.init(jax.random.PRNGKey(0), input_length=8, target_length=8)["params"])
+    # Shapes only: every parameter of both is in the checkpoint (a fresh value would be an error), and op by op the
+    # initialisers' ops compile one at a time.
+    fresh = partitioning.strip_boxes(jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), input_length=8,
+                                                                       target_length=8))["params"])
     shardings = jax.tree.map(lambda _: jax.sharding.SingleDeviceSharding(jax.devices()[0]), fresh)
     loaded = model.load_tower_params(fresh, shardings=shardings)["tower"]
-    full_fresh = partitioning.strip_boxes(EncoderDecoderModel(config=config).init(
-        jax.random.PRNGKey(0), input_length=8, target_length=4)["params"])
+    full_fresh = partitioning.strip_boxes(jax.eval_shape(lambda: EncoderDecoderModel(config=config).init(
+        jax.random.PRNGKey(0), input_length=8, target_length=4))["params"])
     full = pretrained.load_pretrained_params(
         checkpoint_dir=tmp_path, config=config, fresh_params=full_fresh,
         shardings=jax.tree.map(lambda _: jax.sharding.SingleDeviceSharding(jax.devices()[0]), full_fresh))

@@ -178,13 +178,15 @@ def test_gdr_loss_is_the_sequence_nll_plus_the_weighted_contrastive_loss_by_hand
     positive_rows = np.array([10, 11, 10])  # query 2's positive is query 0's document again
     negative_rows = np.array([[20, -1], [21, 11], [22, 23]])  # an empty slot; query 1's positive among its negatives
     loss = GdrLoss(inter_weight=0.5, intra_weight=2.0, cluster_negative_weight=3.0, z_loss=0.0)
-    total, metrics = loss(outputs=Outputs(logits=jnp.asarray(logits), states=jnp.zeros((b, length, 1)),
-                                          columns=jnp.asarray(columns), weights=jnp.asarray(weights),
-                                          invalid=jnp.zeros((b, length), bool)),
-                          query_vectors=jnp.asarray(q, jnp.float32), positive_vectors=jnp.asarray(p, jnp.float32),
-                          positive_rows=jnp.asarray(positive_rows, jnp.int32),
-                          negative_vectors=jnp.asarray(neg, jnp.float32),
-                          negative_rows=jnp.asarray(negative_rows, jnp.int32), temperature=0.1)
+    total, metrics = jax.jit(  # one program (op by op, each of the loss's ops compiles on its own)
+        lambda logits, columns, weights, q, p, positive_rows, neg, negative_rows: loss(
+            outputs=Outputs(logits=logits, states=jnp.zeros((b, length, 1)), columns=columns, weights=weights,
+                            invalid=jnp.zeros((b, length), bool)),
+            query_vectors=q, positive_vectors=p, positive_rows=positive_rows, negative_vectors=neg,
+            negative_rows=negative_rows, temperature=0.1))(
+        jnp.asarray(logits), jnp.asarray(columns), jnp.asarray(weights), jnp.asarray(q, jnp.float32),
+        jnp.asarray(p, jnp.float32), jnp.asarray(positive_rows, jnp.int32), jnp.asarray(neg, jnp.float32),
+        jnp.asarray(negative_rows, jnp.int32))
     log_softmax = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
     inter = -np.take_along_axis(log_softmax, columns[..., None], -1)[..., 0].sum(-1)
     intra = []
@@ -393,11 +395,14 @@ def test_minilm_query_tower_starts_as_the_query_encoder_of_the_dense_run_that_en
     from gr_jax import gin_utils
     from gr_jax.dense.model import QUERY
     from gr_jax.search import restore_retriever
-    from gr_jax.tools import dense_index, gdr_index
+    from gr_jax.tools import gdr_index
     from gr_jax.training import EvalConfig
     dense_dir = minilm_zero_shot_run  # MiniLM as shipped (TRAIN_STEPS=0), the run test_dense checks (conftest)
     gin.clear_config()
-    dense_index.main(["--model_dir", str(dense_dir)])
+    # The dense run's retriever encodes the collection into its index/0 (as gr_jax.tools.dense_index does); the
+    # same retriever, its query encoder compiled once, is the reference below.
+    _, dense = restore_retriever(str(dense_dir), settings=EvalConfig())
+    assert dense.index().directory == dense_dir / "index" / "0"
     gin.clear_config()
     gdr_index.main(["build", "--index_dir", str(dense_dir / "index" / "0"), "--branching", "2,2",
                     "--out_dir", str(tmp_path / "gidx")])
@@ -413,8 +418,6 @@ def test_minilm_query_tower_starts_as_the_query_encoder_of_the_dense_run_that_en
     before = jax.device_get(state.params)
     # One program on one device (op by op on the 8-device mesh, MiniLM's ops each compile and run 8 times).
     ours = np.asarray(jax.jit(built.model.query_vectors)(before, jnp.asarray(built.tokenizer(texts, length=16).ids)))
-    gin.clear_config()
-    _, dense = restore_retriever(str(dense_dir), settings=EvalConfig())
     np.testing.assert_allclose(ours, dense.encode(texts, side=QUERY), atol=2e-5)
     # A frozen tower stays as loaded through training (no update, no weight decay); the bridge learns.
     state, _ = built.trainer.train_step(state, built.batch_source.batch(1), jax.random.PRNGKey(0))

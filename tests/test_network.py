@@ -1,4 +1,6 @@
 """T5.1.1 network: parameter shapes/counts, incremental decoding == teacher forcing, masking, dropout."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,7 +22,33 @@ def _variables(cfg, input_length=7, target_length=5):
 
 
 def _init(cfg):
-    return network.Transformer(cfg), _variables(cfg)
+    return network.Transformer(cfg), _initial_variables(cfg)
+
+
+@functools.cache
+def _initial_variables(cfg):
+    """_variables(cfg), computed once per config by one program (op by op, each of the initialiser's ops compiles
+    on its own); the tests only read them."""
+    return jax.jit(lambda: _variables(cfg))()
+
+
+# The network's entry points compiled whole, one program per config and shape (op by op, each of the network's
+# ops compiles on its own), shared by the tests below.
+@functools.partial(jax.jit, static_argnums=0, static_argnames="enable_dropout")
+def _apply(cfg, variables, enc, dec, rngs=None, *, enable_dropout=False):
+    return network.Transformer(cfg).apply(variables, enc, dec, enable_dropout=enable_dropout, rngs=rngs)
+
+
+@functools.partial(jax.jit, static_argnums=0, static_argnames="max_decode_len")
+def _prefill(cfg, variables, enc, *, max_decode_len):
+    return network.Transformer(cfg).apply(variables, enc, max_decode_len=max_decode_len,
+                                          method=network.Transformer.prefill)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _decode_step(cfg, variables, tokens, position, cache, context):
+    return network.Transformer(cfg).apply(variables, tokens, position=position, cache=cache, context=context,
+                                          method=network.Transformer.decode_step)
 
 
 def _expected_param_count(cfg: network.T5Config) -> int:
@@ -72,59 +100,53 @@ def test_every_param_has_logical_names():
 
 
 def test_incremental_decoding_matches_teacher_forcing():
-    module, variables = _init(MICRO)
+    _, variables = _init(MICRO)
     enc = jax.random.randint(jax.random.PRNGKey(1), (3, 7), 1, 128).at[0, 5:].set(0)
     tgt = jax.random.randint(jax.random.PRNGKey(2), (3, 5), 1, 128)
     dec_in = jnp.concatenate([jnp.zeros((3, 1), jnp.int32), tgt[:, :-1]], axis=1)
-    # Compiled whole (op by op, each of the network's ops compiles on its own); one decode step program for all t.
-    full = jax.jit(module.apply)(variables, enc, dec_in)
-    context = jax.jit(lambda v, e: module.apply(v, e, max_decode_len=5, method=network.Transformer.prefill))(
-        variables, enc)
-    decode_step = jax.jit(lambda v, token, t, cache, context: module.apply(
-        v, token, position=t, cache=cache, context=context, method=network.Transformer.decode_step))
+    # Compiled whole; one decode step program for all t.
+    full = _apply(MICRO, variables, enc, dec_in)
+    context = _prefill(MICRO, variables, enc, max_decode_len=5)
     cache = network.init_cache(MICRO, rows=3, max_decode_len=5)
     steps = []
     for t in range(5):
-        logits, cache = decode_step(variables, dec_in[:, t], jnp.int32(t), cache, context)
+        logits, cache = _decode_step(MICRO, variables, dec_in[:, t], jnp.int32(t), cache, context)
         steps.append(logits)
     np.testing.assert_allclose(np.stack(steps, 1), full, atol=1e-4, rtol=1e-4)
 
 
 def test_decode_step_shares_cross_attention_across_beams():
     """batch*beams rows against per-query keys equal the same rows with the encoder repeated per beam."""
-    module, variables = _init(MICRO)
+    _, variables = _init(MICRO)
     enc = jax.random.randint(jax.random.PRNGKey(3), (2, 7), 1, 128)
     beams = 3
     tokens = jax.random.randint(jax.random.PRNGKey(4), (2 * beams,), 1, 128)
-    shared = module.apply(variables, enc, max_decode_len=4, method=network.Transformer.prefill)
-    repeated = module.apply(variables, jnp.repeat(enc, beams, axis=0), max_decode_len=4,
-                            method=network.Transformer.prefill)
+    shared = _prefill(MICRO, variables, enc, max_decode_len=4)
+    repeated = _prefill(MICRO, variables, jnp.repeat(enc, beams, axis=0), max_decode_len=4)
     cache = network.init_cache(MICRO, rows=2 * beams, max_decode_len=4)
-    a, _ = module.apply(variables, tokens, position=jnp.int32(0), cache=cache, context=shared,
-                        method=network.Transformer.decode_step)
-    b, _ = module.apply(variables, tokens, position=jnp.int32(0), cache=cache, context=repeated,
-                        method=network.Transformer.decode_step)
+    a, _ = _decode_step(MICRO, variables, tokens, jnp.int32(0), cache, shared)
+    b, _ = _decode_step(MICRO, variables, tokens, jnp.int32(0), cache, repeated)
     np.testing.assert_allclose(a, b, atol=1e-5)
 
 
 def test_padding_in_encoder_input_does_not_change_outputs():
-    module, variables = _init(MICRO)
+    _, variables = _init(MICRO)
     enc = jax.random.randint(jax.random.PRNGKey(5), (1, 4), 1, 128)
     padded = jnp.concatenate([enc, jnp.zeros((1, 3), jnp.int32)], axis=1)
     dec_in = jnp.array([[0, 5, 6]])
-    np.testing.assert_allclose(module.apply(variables, enc, dec_in), module.apply(variables, padded, dec_in),
+    np.testing.assert_allclose(_apply(MICRO, variables, enc, dec_in), _apply(MICRO, variables, padded, dec_in),
                                atol=1e-5)
 
 
 def test_dropout_is_active_only_when_enabled():
     cfg = network.T5Config(**{**MICRO.__dict__, "dropout_rate": 0.5})
-    module, variables = _init(cfg)
+    _, variables = _init(cfg)
     enc = jnp.ones((2, 7), jnp.int32)
     dec = jnp.ones((2, 5), jnp.int32)
-    a = module.apply(variables, enc, dec)
-    b = module.apply(variables, enc, dec)
+    a = _apply(cfg, variables, enc, dec)
+    b = _apply(cfg, variables, enc, dec)
     np.testing.assert_array_equal(a, b)
-    c = module.apply(variables, enc, dec, enable_dropout=True, rngs={"dropout": jax.random.PRNGKey(1)})
+    c = _apply(cfg, variables, enc, dec, {"dropout": jax.random.PRNGKey(1)}, enable_dropout=True)
     assert not np.allclose(a, c)
 
 
@@ -167,13 +189,17 @@ def test_remat_gives_the_same_logits_and_gradients():
     enc = jax.random.randint(jax.random.PRNGKey(6), (2, 7), 1, 128)
     dec = jax.random.randint(jax.random.PRNGKey(7), (2, 5), 1, 128)
     rngs = {"dropout": jax.random.PRNGKey(8)}
+    # One layer a stack: each layer is rematerialised on its own, one of each kind covers it (and compiles in half
+    # the time of two).
+    config = network.T5Config(**{**MICRO.__dict__, "dropout_rate": 0.1, "num_encoder_layers": 1,
+                                 "num_decoder_layers": 1})
+    params = _initial_variables(config)["params"]  # remat changes no parameter: one init for both settings
     results = []
     for remat in (False, True):
-        module = network.Transformer(network.T5Config(**{**MICRO.__dict__, "dropout_rate": 0.1, "remat": remat}))
+        module = network.Transformer(network.T5Config(**{**config.__dict__, "remat": remat}))
 
         @jax.jit  # one program per setting: run op by op, the remat'd layers compile hundreds of small programs
-        def value_and_grad():
-            params = module.init(jax.random.PRNGKey(0), enc[:1], dec[:1])["params"]
+        def value_and_grad(params):
 
             def loss(params):
                 logits = module.apply({"params": params}, enc, dec, enable_dropout=True, rngs=rngs)
@@ -181,7 +207,7 @@ def test_remat_gives_the_same_logits_and_gradients():
 
             return jax.value_and_grad(loss)(params)
 
-        results.append(value_and_grad())
+        results.append(value_and_grad(params))
     np.testing.assert_allclose(results[0][0], results[1][0], rtol=1e-6)
     for a, b in zip(jax.tree.leaves(results[0][1]), jax.tree.leaves(results[1][1])):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
@@ -203,11 +229,12 @@ def test_bfloat16_parameters_are_bfloat16_kernels_too():
 
 def _dropout_mask_shapes(cfg, *, batch=2, input_length=7, target_length=5) -> list[tuple[int, ...]]:
     """The shape of every dropout mask drawn by a teacher-forced forward pass (the `random_bits` of the jaxpr)."""
-    module, variables = _init(cfg)
+    module = network.Transformer(cfg)
+    variables = jax.eval_shape(lambda: _variables(cfg))  # the trace needs their shapes only
     enc = jnp.ones((batch, input_length), jnp.int32)
     dec = jnp.ones((batch, target_length), jnp.int32)
-    jaxpr = jax.make_jaxpr(lambda r: module.apply(variables, enc, dec, enable_dropout=True,
-                                                  rngs={"dropout": r}))(jax.random.PRNGKey(1))
+    jaxpr = jax.make_jaxpr(lambda r, v: module.apply(v, enc, dec, enable_dropout=True, rngs={"dropout": r}))(
+        jax.random.PRNGKey(1), variables)
     shapes = []
 
     def walk(inner):

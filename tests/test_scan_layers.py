@@ -23,7 +23,7 @@ from gr_jax.checkpoints import Checkpointer, path_str
 from gr_jax.docids.trie import Trie
 from gr_jax.models import EncoderDecoderModel
 from gr_jax.tools.bench.train_step import random_batch
-from gr_jax.trainer import Trainer
+from gr_jax.trainer import Trainer, TrainState
 
 from test_pretrained import fresh_and_shardings, hf_config, hf_weights, our_config, write_checkpoint
 
@@ -49,15 +49,30 @@ def _variables(config: network.T5Config):
 
 
 def init(config: network.T5Config, *, boxed: bool = False, abstract: bool = False):
-    if not (boxed or abstract):  # the same values each time: computed once per config, in fresh containers
-        return jax.tree.map(lambda x: x, _params(config))
-    variables = jax.eval_shape(lambda: _variables(config)) if abstract else _variables(config)
+    if not abstract:  # the same values each time: computed once per config (remat: the same), in fresh containers
+        params = _params(dataclasses.replace(config, remat=False))
+        return jax.tree.map(lambda x: x, params) if boxed else nn.unbox(params)
+    variables = jax.eval_shape(lambda: _variables(config))
     return variables["params"] if boxed else nn.unbox(variables)["params"]
 
 
 @functools.cache
 def _params(config: network.T5Config):
-    return nn.unbox(_variables(config))["params"]
+    """The boxed parameters of `config`, initialised op by op: the initialiser's ops compile once per shape, for
+    every config (one compiled initialiser per config compiles a threefry program for each parameter)."""
+    return _variables(config)["params"]
+
+
+def started(trainer: Trainer, boxed_params) -> TrainState:
+    """What `trainer.init_state` gives (step 0, the optimizer's initial state, every leaf on the trainer's
+    shardings), with `boxed_params` as the network's initial parameters: a small program, where `init_state`
+    compiles the network's initialiser again for each trainer."""
+    def start(params):
+        return partitioning.strip_boxes(TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                                                   opt_state=trainer.optimizer.init(params)))
+
+    with trainer.sharding_context():
+        return jax.jit(start, out_shardings=trainer.state_shardings)(boxed_params)
 
 
 def queries(n: int = 3, length: int = 7) -> jax.Array:
@@ -164,11 +179,13 @@ def test_converter_round_trip_is_exact():
 
 def test_converter_refuses_a_tree_of_another_depth():
     config = HEADS["standard"]
-    deeper = init(dataclasses.replace(config, num_decoder_layers=3))
+    # The trees' shapes (initialising the scanned stacks would compile a scan of each's initialiser).
+    deeper = init(dataclasses.replace(config, num_decoder_layers=3), abstract=True)
     with pytest.raises(ValueError, match=r"decoder_layers_\*/.*layers \[0, 1, 2\], but the config's stack has 2"):
         layer_layout.stack_layers(deeper, config=config)
     with pytest.raises(ValueError, match="a scanned stack of 2 layers has them first"):
-        layer_layout.unstack_layers(init(scanned(dataclasses.replace(config, num_decoder_layers=3))), config=config)
+        layer_layout.unstack_layers(init(scanned(dataclasses.replace(config, num_decoder_layers=3)), abstract=True),
+                                    config=config)
 
 
 def test_gin_binds_scan_layers():
@@ -192,18 +209,24 @@ def test_teacher_forced_outputs_and_gradients_equal_the_unscanned_network(head, 
         logits, states = module.apply({"params": params}, enc, dec, return_states=True)
         return logits, states, module.apply({"params": params}, enc, method=network.Transformer.encode)
 
-    # Each side compiled as one program (op by op, the unscanned stack's hundreds of ops compile one at a time).
-    flat_outputs = jax.jit(lambda p: outputs(config, p))(flat)
-    for a, b in zip(flat_outputs, jax.jit(lambda p: outputs(scanned(config), p))(stacked)):
-        np.testing.assert_allclose(b, a, atol=1e-5, rtol=1e-5)
-
-    # Gradients through the scan (rematerialised or not) are the unscanned ones, stacked.
     def loss(cfg, params):
         logits = network.Transformer(cfg).apply({"params": params}, enc, dec)
         return jnp.sum(jnp.where(logits > network.NEG_INF / 2, jax.nn.log_softmax(logits), 0.0)[..., 3])
 
-    flat_grads = jax.jit(jax.grad(lambda p: loss(config, p)))(flat)
-    scanned_grads = jax.jit(jax.grad(lambda p: loss(scanned(config), p)))(stacked)
+    def outputs_and_grads(cfg, params):
+        return outputs(cfg, params), jax.grad(lambda p: loss(cfg, p))(params)
+
+    # Each side compiled as one program (op by op, the unscanned stack's hundreds of ops compile one at a time). The
+    # reference is the unscanned network without remat: remat changes neither outputs nor gradients
+    # (test_network.py::test_remat_gives_the_same_logits_and_gradients), and the unrolled stack's remat'd
+    # gradient compiles in twice the time.
+    reference = dataclasses.replace(config, remat=False)
+    flat_outputs, flat_grads = jax.jit(lambda p: outputs_and_grads(reference, p))(flat)
+    scanned_outputs, scanned_grads = jax.jit(lambda p: outputs_and_grads(scanned(config), p))(stacked)
+    for a, b in zip(flat_outputs, scanned_outputs):
+        np.testing.assert_allclose(b, a, atol=1e-5, rtol=1e-5)
+
+    # Gradients through the scan (rematerialised or not) are the unscanned ones, stacked.
     assert_trees_close(scanned_grads, layer_layout.stack_layers(flat_grads, config=config), atol=1e-5)
 
 
@@ -288,10 +311,9 @@ def test_train_step_with_scanned_layers():
         return optimizers.make_optimizer(name="adafactor", learning_rate=1e-2, weight_decay=1e-3)
 
     flat_trainer, scanned_trainer = trainer(MICRO, adafactor()), trainer(scanned(MICRO), adafactor())
-    flat_state = flat_trainer.init_state(jax.random.PRNGKey(0))
-    stacked = layer_layout.stack_layers(jax.tree.map(jnp.copy, flat_state.params), config=MICRO)
-    state = scanned_trainer.init_state(jax.random.PRNGKey(0))
-    state = state.replace(params=jax.device_put(stacked, scanned_trainer.state_shardings.params))
+    flat_params = init(MICRO, boxed=True)
+    flat_state = started(flat_trainer, flat_params)
+    state = started(scanned_trainer, layer_layout.stack_layers(flat_params, config=MICRO))
     assert tuple(state.params["decoder_layers"]["mlp"]["wi_0"].sharding.spec) == (None, None, "model")
     for _ in range(2):
         flat_state, flat_metrics = flat_trainer.train_step(flat_state, batch, jax.random.PRNGKey(1))
@@ -301,7 +323,7 @@ def test_train_step_with_scanned_layers():
 
     config = dataclasses.replace(scanned(MICRO), remat=True, dropout_rate=0.1)
     real = trainer(config, optimizers.make_optimizer(name="adafactor", learning_rate=1e-2))
-    state = real.init_state(jax.random.PRNGKey(0))
+    state = started(real, layer_layout.stack_layers(init(MICRO, boxed=True), config=MICRO))
     assert real.param_count() == flat_trainer.param_count()
     losses = []
     for _ in range(3):

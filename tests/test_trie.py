@@ -204,7 +204,8 @@ def test_works_under_jit_with_trie_as_argument():
     assert len(jax.tree_util.tree_leaves(trie)) == 3
 
 
-@settings(max_examples=6, deadline=None)
+# 4 examples: each compiles its own trie's program; the parametrised cases above cover the chosen shapes.
+@settings(max_examples=4, deadline=None)
 @given(sequences=st.lists(st.lists(st.integers(2, 7), min_size=1, max_size=4), min_size=1, max_size=25,
                           unique_by=tuple),
        sparse_fanout=st.integers(1, 4), seed=st.integers(0, 2**16))

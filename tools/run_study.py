@@ -311,6 +311,7 @@ class Study:
     gdr_steps: Optional[int] = None  # None: `steps`
     gdr_branching: tuple[int, ...] = (8, 8)
     cell_timeout: Optional[float] = None
+    plots: bool = True  # the PNG plots of the results (a study run inside another tool may leave them to it)
     runner: CommandRunner = run_logged
     preflight: Preflight = registered_rows
     python: str = sys.executable
@@ -561,7 +562,7 @@ class Study:
                     self.results["cells"].append(result)
                     self._save()
         (self.out_dir / "results.md").write_text(format_markdown(self.results))
-        self.results["plots"] = write_plots(self.results, self.out_dir)
+        self.results["plots"] = write_plots(self.results, self.out_dir) if self.plots else []
         self._save()
         return self.results
 

@@ -138,8 +138,8 @@ class ScalingStudy:
                     datasets=[run_study.Dataset(run_study.default_dataset_name(d), d) for _, d, _ in group],
                     rows=[run_study.parse_row(self.row)], schemes=[self.scheme], size=size, steps=steps,
                     out_dir=self.out_dir / "cells" / size, gin_files=self.gin_files, bindings=self.bindings,
-                    split=self.split, baselines=False, runner=self.runner, preflight=self.preflight,
-                    python=self.python)
+                    split=self.split, baselines=False, plots=False, runner=self.runner, preflight=self.preflight,
+                    python=self.python)  # one size's cells: the grid's own plots and fits are the results
                 results = study.run()
                 for (fraction, _, pairs), cell in zip(group, results["cells"]):
                     cells.append({"size": size, "params": self.params(size), "fraction": fraction, "pairs": pairs,
