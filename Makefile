@@ -65,6 +65,7 @@ demo: $(STAMP) $(DEMO_DATA)/spm.model
 	  --dense $(DEMO_DIR)/minilm.json --gdr $(DEMO_DIR)/gdr/final_metrics.json
 
 test: $(STAMP)
+	$(PY) -m ruff check .
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25 tests
 
 clean-demo:

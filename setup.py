@@ -31,6 +31,7 @@ TEST_REQUIRES = [
     "hypothesis==6.170.15",
     "ir-measures==0.4.3",
     "pytrec-eval-terrier==0.5.11",
+    "ruff==0.17.6",  # `make test` lints first (ruff.toml)
 ]
 
 setuptools.setup(
@@ -41,7 +42,8 @@ setuptools.setup(
     # The repository's `tasks/` and `tools/` folders install as `gr_jax.tasks` and `gr_jax.tools`: top-level
     # packages named `tasks` and `tools` would shadow (or be shadowed by) any other package of that name.
     packages=[*setuptools.find_packages(include=["gr_jax", "gr_jax.*"]),
-              *(f"gr_jax.{name}" for name in setuptools.find_packages(include=["tasks", "tasks.*", "tools", "tools.*"]))],
+              *(f"gr_jax.{name}"
+                for name in setuptools.find_packages(include=["tasks", "tasks.*", "tools", "tools.*"]))],
     package_dir={"gr_jax": "gr_jax", "gr_jax.tasks": "tasks", "gr_jax.tools": "tools"},
     package_data={"": ["*.gin"]},
     install_requires=INSTALL_REQUIRES,

@@ -242,7 +242,8 @@ class Checkpointer:
         elif step not in available:
             raise FileNotFoundError(f"no checkpoint of step {step} in {self.directory}; available: {available}")
         target = jax.tree_util.tree_map_with_path(_abstract_leaf, abstract_state)
-        state_args = ocp.args.PyTreeRestore(item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target))
+        state_args = ocp.args.PyTreeRestore(
+            item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target))
         restored = self._manager.restore(
             step, args=ocp.args.Composite(**{STATE_ITEM: state_args, INPUT_ITEM: ocp.args.JsonRestore()}))
         logger.info("Restored checkpoint of step %d from %s", step, self.directory)

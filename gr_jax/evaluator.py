@@ -2,7 +2,8 @@
 retriever it is given (`gr_jax.retrievers.Retriever`: a generative model, a dense one, a hybrid).
 
 The metrics are `gr_jax.evaluation.retrieval_metrics` (MRR@10, Recall@k, invalid top-1 docids) of the retriever's
-top `k`, the Brier score of each rank-1 probability the retriever reports (`Brier/{definition}`), plus its speed: queries_per_second (ranking only, compilation excluded) and compile_seconds.
+top `k`, the Brier score of each rank-1 probability the retriever reports (`Brier/{definition}`), plus its speed:
+queries_per_second (ranking only, compilation excluded) and compile_seconds.
 """
 from __future__ import annotations
 

@@ -235,7 +235,8 @@ def per_layer(inner: optax.GradientTransformation, *, rules: Mapping[str, str]) 
         split_params = None if params is None else split(params, state.splits)
         new, inner_state = inner.update(split(updates, state.splits), state.inner, split_params)
         parts = treedef.flatten_up_to(new)
-        merged = [part if how.axis is None else jnp.stack(part, axis=how.axis) for part, how in zip(parts, state.splits)]
+        merged = [part if how.axis is None else jnp.stack(part, axis=how.axis)
+                  for part, how in zip(parts, state.splits)]
         return jax.tree_util.tree_unflatten(treedef, merged), PerLayerState(inner=inner_state, splits=state.splits)
 
     return optax.GradientTransformation(init, update)

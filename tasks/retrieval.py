@@ -53,13 +53,11 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
-from gr_jax import docids
 from gr_jax.data import d2q, preprocessors
 from gr_jax.data.readers import RetrievalDataset, open_dataset
 from gr_jax.docids import DocidSpace, DocidTable
 from gr_jax.vocabulary import MODEL_FILENAME, load_vocabulary
 from gr_jax.tasks import sources
-from gr_jax.tasks.docid_space import load_docid_space
 from gr_jax.tasks.options import RepresentationOptions
 
 logger = logging.getLogger(__name__)

@@ -10,7 +10,8 @@ def test_the_table_has_bm25_dense_generative_and_gdr_rows_with_their_metrics(tmp
         {"eval/MRR@10": 0.0123, "eval/Recall@1": 0.0, "eval/Recall@10": 0.05, "eval/Recall@100": 0.2,
          "eval/num_queries": 532, "eval/invalid_docid_rate": 0.0}, indent=1))
     (tmp_path / "bm25.json").write_text('{"progress": 1}\n{"MRR@10": 0.328, "Recall@1": 0.246, "Recall@10": 0.496}\n')
-    (tmp_path / "dense.json").write_text('{"MRR@10": 0.403, "Recall@1": 0.327, "Recall@10": 0.59, "Recall@100": 0.87}\n')
+    (tmp_path / "dense.json").write_text(
+        '{"MRR@10": 0.403, "Recall@1": 0.327, "Recall@10": 0.59, "Recall@100": 0.87}\n')
     (tmp_path / "gdr.json").write_text(json.dumps({"eval/MRR@10": 0.41, "eval/Recall@100": 0.9}, indent=1))
     demo_report.main(["--model_dir", str(tmp_path / "run"), "--bm25", str(tmp_path / "bm25.json"),
                       "--dense", str(tmp_path / "dense.json"), "--gdr", str(tmp_path / "gdr.json")])

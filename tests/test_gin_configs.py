@@ -1,5 +1,4 @@
 """Every gin file parses and means what it says (a test per config file, as levanter does)."""
-import pathlib
 
 import gin
 import pytest

@@ -110,7 +110,8 @@ def test_table_explains_differences_with_the_study():
                                      scan_layers=True)
         model = experiment.build_model(
             config=config, model_vocab_size=model_stats.T5_SPM_SIZE + docid_tokens,
-            docid_token_range=(model_stats.T5_SPM_SIZE, model_stats.T5_SPM_SIZE + docid_tokens) if docid_tokens else None)
+            docid_token_range=((model_stats.T5_SPM_SIZE, model_stats.T5_SPM_SIZE + docid_tokens) if docid_tokens
+                               else None))
         built = sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(model_stats.abstract_params(model.config)))
         assert built == counts[row.key], row.key
     assert counts["base_atomic"] == pytest.approx(7.0e9, rel=0.01)  # 6.8B of them: 8.8M docids x 768

@@ -284,7 +284,8 @@ def test_trainer_state_factors_every_attention_kernel():
         trainer = Trainer(model=EncoderDecoderModel(config=config), mesh=partitioning.make_mesh(data=-1, model=1),
                           optimizer=optimizers.make_optimizer(learning_rate=1e-3, **kwargs), input_length=8,
                           target_length=4, batch_size=8)
-        full = [leaf for leaf in jax.tree.leaves(trainer.abstract_state.opt_state) if leaf.shape in ((128, 2, 64), (2, 64, 128))]
+        full = [leaf for leaf in jax.tree.leaves(trainer.abstract_state.opt_state)
+                if leaf.shape in ((128, 2, 64), (2, 64, 128))]
         return len(full), sum(leaf.size for leaf in jax.tree.leaves(trainer.abstract_state.opt_state))
 
     by_axes, by_shape = opt_state_floats(), opt_state_floats(factor_rules=None)

@@ -1,4 +1,4 @@
-"""Tests of gr_jax.tools.wordnet: wndb parsing, document/query text, the stable split, and the MS MARCO layout output."""
+"""Tests of gr_jax.tools.wordnet: wndb parsing, document/query text, the stable split, the MS MARCO layout output."""
 import hashlib
 import json
 import pathlib

@@ -244,7 +244,8 @@ def main(argv: Optional[Sequence[str]] = None, *, runner: Any = run_study.run_lo
     parser.add_argument("--splits", default="dev,train")
     parser.add_argument("--baseline_dims", default="4,8,16,32", help="empty: no table baselines")
     parser.add_argument("--baseline_steps", type=int, default=5000,
-                        help="SGD / AdamW steps of each table baseline (the paper: 50k / 20k at batch 2k over 82k items)")
+                        help="SGD / AdamW steps of each table baseline "
+                             "(the paper: 50k / 20k at batch 2k over 82k items)")
     parser.add_argument("--baseline_batch", type=int, default=2048)
     args, rest = parser.parse_known_args(argv)
     _, gin_files, bindings = gin_utils.parse_args(rest, description=__doc__)

@@ -400,7 +400,8 @@ def main(argv: Optional[Sequence[str]] = None, *, runner: run_study.CommandRunne
         parser.error(str(e))
     entry_point.setup()
     study = ScalingStudy(data_dir=pathlib.Path(args.data_dir), out_dir=pathlib.Path(args.out_dir), sizes=sizes,
-                         fractions=fractions, steps=args.steps, steps_with_data=args.steps_with_data, row=args.row, scheme=args.scheme, split=args.split,
+                         fractions=fractions, steps=args.steps, steps_with_data=args.steps_with_data, row=args.row,
+                         scheme=args.scheme, split=args.split,
                          cgl_negatives=args.cgl_negatives, beams=beams, seed=args.seed,
                          analyse_only=args.analyse_only,
                          gin_files=[str(pathlib.Path(f).resolve()) if pathlib.Path(f).is_file() else f

@@ -25,8 +25,8 @@ Queries, for `n` states at once (all shapes static, each method jitted):
   `children` gathers the first `width` children of each state (tokens and next states: children are
   consecutive). Decoding calls it with width K = `sparse_fanout` when every live state has at most K
   children (all but the first levels of realistic docids), wider only near the root and a level's own
-  fan-out where that is below K (see `gr_jax.decoding`): candidate scores are gathered from the log-probs at the child tokens, so the
-  search builds no vocabulary-wide mask and never searches for a next state.
+  fan-out where that is below K (see `gr_jax.decoding`): candidate scores are gathered from the log-probs at the
+  child tokens, so the search builds no vocabulary-wide mask and never searches for a next state.
   `allowed_mask` scatters the children into a [n, vocab] mask (for losses over the vocabulary): K wide
   when every state has at most K children, `max_fanout` wide otherwise (a `lax.cond`).
   `next_states` binary-searches a given token among the sorted children (ceil(log2(max_fanout + 1))

@@ -159,7 +159,8 @@ def main(argv=None) -> dict:
             block_s = seconds(run_steps)
             probe_s = min(seconds(lambda: probe(a, a)) for _ in range(5))
             record[name] = {"steps_per_s": args.steps / block_s,
-                            "flops_over_probe": (runs[name][2]["flops"] * args.steps / block_s) / (probe_flops / probe_s)}
+                            "flops_over_probe": ((runs[name][2]["flops"] * args.steps / block_s)
+                                                 / (probe_flops / probe_s))}
         record["ratio"] = record["gr_jax"]["steps_per_s"] / record["t5x"]["steps_per_s"]
         blocks.append(record)
         print(json.dumps(record), flush=True)
