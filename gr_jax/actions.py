@@ -84,7 +84,7 @@ class TrainingRun:
 @dataclasses.dataclass(frozen=True)
 class TrainingProgress:
     """The loop at a report: the step just taken, the state after it, the training metrics since the previous
-    report (`gr_jax.trainer.summarize_metrics`, plus steps_per_second and tokens_per_second), and whether
+    report (`gr_jax.metrics.summarize`, plus steps_per_second and tokens_per_second), and whether
     it is the last step of the run."""
     step: int
     state: TrainState

@@ -1,8 +1,9 @@
 """Training losses as functions of the model's outputs, configured in one place (`Experiment.loss`, gin).
 
 A loss receives one `Outputs` per forward pass of a training batch (teacher-forced logits and decoder states, each
-target token's logits column and weight) and returns a summed loss with metrics of sums, so that gradient
-accumulation and multi-device reduction normalise by the true number of target tokens. Losses:
+target token's logits column and weight) and returns a summed loss with metrics that carry their reduction
+(`gr_jax.metrics`: the loss an `Average` over its target tokens), so that gradient accumulation and multi-device
+reduction normalise by the true number of target tokens. Losses:
   * `TokenCrossEntropy`: cross entropy of the target tokens plus t5x's z-loss (the default);
   * `ConsistencyRegularised`: an objective over two dropout passes plus NCI's consistency regulariser between them.
 A new objective (a contrastive loss) is one new class here and a gin binding; soft targets (SToICaL) come with the
@@ -27,6 +28,8 @@ from typing import Optional, Protocol
 import jax
 import jax.numpy as jnp
 
+from gr_jax import metrics as metrics_lib
+from gr_jax.metrics import Average
 from gr_jax.network import NEG_INF
 
 Array = jax.Array
@@ -54,12 +57,12 @@ class Outputs:
 
 
 class Loss(Protocol):
-    """`(passes) -> (summed loss, metrics of sums)`; `num_passes` forward passes per training batch, each with its
+    """`(passes) -> (summed loss, metrics)`; `num_passes` forward passes per training batch, each with its
     own dropout key (evaluation without dropout gives one pass)."""
 
     num_passes: int
 
-    def __call__(self, passes: Sequence[Outputs]) -> tuple[Array, dict[str, Array]]: ...
+    def __call__(self, passes: Sequence[Outputs]) -> tuple[Array, dict[str, metrics_lib.AnyMetric]]: ...
 
 
 def cross_entropy_with_z_loss(logits: Array, targets: Array, *, z_loss: float) -> tuple[Array, Array]:
@@ -158,13 +161,14 @@ class TokenCrossEntropy:
     the one-hot target column, or against the batch's soft targets where it has them (SToICaL's y(r, t)). A weight
     other than 1 scales a token's term (SToICaL's item weight lambda(r)); the trainer divides by the summed weight.
 
-    Metrics (sums): loss, z_loss, weight (target tokens), correct_tokens, correct_sequences (every weighted token
-    right: exact match of the docid), num_sequences. A weighted invalid target makes the loss NaN.
+    Metrics (`gr_jax.metrics`): loss and z_loss per target token (count: the summed weights), token_accuracy, and
+    sequence_accuracy (every weighted token right: exact match of the docid) per query with a target. A weighted
+    invalid target makes the loss NaN.
     """
     z_loss: float = 1e-4
     num_passes = 1
 
-    def __call__(self, passes: Sequence[Outputs]) -> tuple[Array, dict[str, Array]]:
+    def __call__(self, passes: Sequence[Outputs]) -> tuple[Array, dict[str, metrics_lib.AnyMetric]]:
         (out,) = passes
         if out.soft_columns is None:
             token_loss, z = cross_entropy_with_z_loss(out.logits, out.columns, z_loss=self.z_loss)
@@ -176,15 +180,14 @@ class TokenCrossEntropy:
         correct = (jnp.argmax(out.logits, axis=-1) == out.columns).astype(jnp.float32)
         seq_correct = jnp.all((correct > 0) | (weights == 0), axis=-1).astype(jnp.float32)
         has_target = (jnp.sum(weights, axis=-1) > 0).astype(jnp.float32)
+        loss, tokens, sequences = jnp.sum(token_loss * weights), jnp.sum(weights), jnp.sum(has_target)
         metrics = {
-            "loss": jnp.sum(token_loss * weights),
-            "z_loss": jnp.sum(z * weights),
-            "weight": jnp.sum(weights),
-            "correct_tokens": jnp.sum(correct * weights),
-            "correct_sequences": jnp.sum(seq_correct * has_target),
-            "num_sequences": jnp.sum(has_target),
+            "loss": Average(total=loss, count=tokens),
+            "z_loss": Average(total=jnp.sum(z * weights), count=tokens),
+            "token_accuracy": Average(total=jnp.sum(correct * weights), count=tokens),
+            "sequence_accuracy": Average(total=jnp.sum(seq_correct * has_target), count=sequences),
         }
-        return metrics["loss"], metrics
+        return loss, metrics
 
 
 class ConsistencyMeasure(Protocol):
@@ -218,8 +221,8 @@ class ContrastiveStates:
 class ConsistencyRegularised:
     """NCI's consistency regulariser (Wang et al. 2022, Sec. 3.4): the batch runs twice with independent dropout
     masks; the loss is the two passes' mean `objective` plus `weight` x the `measure` summed over the weighted
-    target positions (NCI: weight 0.15). Metrics add `consistency_loss` (the unweighted sum) and keep pass 1's
-    accuracy. Given one pass (evaluation, no dropout) it is the objective alone.
+    target positions (NCI: weight 0.15). Metrics add `consistency_loss` (the unweighted sum, per target token) and
+    keep pass 1's accuracy. Given one pass (evaluation, no dropout) it is the objective alone.
     """
     weight: float
     measure: ConsistencyMeasure = SymmetricKL()
@@ -235,7 +238,7 @@ class ConsistencyRegularised:
         if self.objective.num_passes != 1:
             raise ValueError("the consistency regulariser's objective must take one pass per call")
 
-    def __call__(self, passes: Sequence[Outputs]) -> tuple[Array, dict[str, Array]]:
+    def __call__(self, passes: Sequence[Outputs]) -> tuple[Array, dict[str, metrics_lib.AnyMetric]]:
         if len(passes) == 1:
             return self.objective(passes)
         a, b = passes
@@ -244,7 +247,10 @@ class ConsistencyRegularised:
         per_position = self.measure(a, b)
         consistency = jnp.sum(jnp.where(a.weights > 0, per_position * a.weights, 0.0))
         total = 0.5 * (loss_a + loss_b) + self.weight * consistency
-        metrics = dict(metrics, loss=total, consistency_loss=consistency)
+        tokens = metrics_lib.loss_count(metrics)
+        metrics = dict(metrics, loss=Average(total=total, count=tokens),
+                       consistency_loss=Average(total=consistency, count=tokens))
         if "z_loss" in metrics:
-            metrics["z_loss"] = 0.5 * (metrics["z_loss"] + metrics_b["z_loss"])
+            metrics["z_loss"] = Average(total=0.5 * (metrics["z_loss"].total + metrics_b["z_loss"].total),
+                                        count=metrics["z_loss"].count)
         return total, metrics

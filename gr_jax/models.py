@@ -69,8 +69,8 @@ class EncoderDecoderModel:
                               soft_columns=soft_columns, soft_mass=soft_mass)
 
     def loss_fn(self, params, batch: Batch, dropout_rng: Optional[Array]) -> tuple[Array, dict]:
-        """Returns (summed loss, metrics of sums): `loss.num_passes` passes with independent dropout keys, or one
-        pass without dropout when `dropout_rng` is None."""
+        """Returns (summed loss, its metrics: `gr_jax.metrics`): `loss.num_passes` passes with independent dropout
+        keys, or one pass without dropout when `dropout_rng` is None."""
         if dropout_rng is None:
             passes = [self.outputs(params, batch, None)]
         else:

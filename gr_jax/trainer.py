@@ -15,7 +15,9 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from gr_jax import metrics as metrics_lib
 from gr_jax import partitioning
+from gr_jax.metrics import LastValue
 from gr_jax.models import EncoderDecoderModel
 
 Array = jax.Array
@@ -26,28 +28,6 @@ class TrainState:
     step: Array
     params: Any
     opt_state: Any
-
-
-# Metric sums that become means per unit of `weight` (target tokens for generative losses, queries for dense and
-# GDR ones).
-PER_WEIGHT = ("loss", "z_loss", "consistency_loss", "candidates", "log_z_k", "inter_loss", "intra_loss",
-              "intra_correct")
-
-
-def summarize_metrics(sums: Mapping[str, Any]) -> dict[str, float]:
-    """Turns summed step metrics into means: the loss and the other `PER_WEIGHT` sums per unit of `weight`, token
-    accuracy (where the loss counts correct tokens) and sequence accuracy (exact docids; for a dual encoder, the
-    queries whose positive beats every candidate)."""
-    sums = {k: float(v) for k, v in sums.items()}
-    weight = max(sums.get("weight", 0.0), 1.0)
-    out = {key: sums[key] / weight for key in PER_WEIGHT if key in sums}
-    if "correct_tokens" in sums:
-        out["token_accuracy"] = sums["correct_tokens"] / weight
-    out["sequence_accuracy"] = sums.get("correct_sequences", 0.0) / max(sums.get("num_sequences", 0.0), 1.0)
-    for key in ("learning_rate", "grad_norm"):
-        if key in sums:
-            out[key] = sums[key]
-    return out
 
 
 class Trainer:
@@ -132,7 +112,7 @@ class Trainer:
             grads_acc, metrics_acc = carry
             index, mb = inputs
             (_, metrics), grads = grad_fn(params, mb, jax.random.fold_in(dropout_rng, index))
-            return (jax.tree.map(jnp.add, grads_acc, grads), jax.tree.map(jnp.add, metrics_acc, metrics)), None
+            return (jax.tree.map(jnp.add, grads_acc, grads), metrics_lib.merge(metrics_acc, metrics)), None
 
         zeros_grads = jax.tree.map(jnp.zeros_like, params)
         zeros_metrics = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype),
@@ -145,13 +125,14 @@ class Trainer:
     def _train_step_impl(self, state: TrainState, batch: Mapping[str, Array], rng: Array):
         dropout_rng = jax.random.fold_in(rng, state.step)
         grads, metrics = self._grads(state.params, batch, dropout_rng)
-        # Loss sums -> gradient of the mean loss per target token over the whole (accumulated) batch.
-        grads = jax.tree.map(lambda g: g / jnp.maximum(metrics["weight"], 1.0), grads)
+        # Loss sums -> gradient of the mean loss per target token (per query) over the whole (accumulated) batch.
+        count = jnp.maximum(metrics_lib.loss_count(metrics), 1.0)
+        grads = jax.tree.map(lambda g: g / count, grads)
         updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        metrics = dict(metrics, grad_norm=optax.tree.norm(grads))
+        metrics = dict(metrics, grad_norm=LastValue(value=optax.tree.norm(grads)))
         if self.learning_rate_fn is not None:
-            metrics["learning_rate"] = self.learning_rate_fn(state.step)
+            metrics["learning_rate"] = LastValue(value=self.learning_rate_fn(state.step))
         return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
     def _eval_step_impl(self, params, batch: Mapping[str, Array]):
@@ -175,10 +156,10 @@ class Trainer:
         total: Optional[dict] = None
         for batch in batches:
             metrics = jax.device_get(self.eval_step(params, batch))
-            total = metrics if total is None else jax.tree.map(np.add, total, metrics)
+            total = metrics if total is None else metrics_lib.merge(total, metrics)
         if total is None:
             raise ValueError("evaluate_loss got no batches")
-        return summarize_metrics(total)
+        return metrics_lib.summarize(total)
 
     def lower_train_step(self, state: Any, batch: Mapping[str, Any], rng: Any):
         """Lowered (not compiled) train step, for cost analysis in benchmarks."""

@@ -23,6 +23,7 @@ import tqdm
 
 from gr_jax import checkpoints
 from gr_jax import metric_writers
+from gr_jax import metrics as metrics_lib
 from gr_jax import partitioning
 from gr_jax.actions import (Action, EvaluateRetrieval, SaveCheckpoint, SelectModel, StopOnNonFiniteLoss,
                             TrainingProgress, TrainingRun, WriteTrainMetrics)
@@ -30,7 +31,6 @@ from gr_jax.evaluation import write_trec_run
 from gr_jax.evaluator import RetrievalEvaluator
 from gr_jax.experiment import BuiltRun
 from gr_jax.retrievers import Retriever
-from gr_jax.trainer import summarize_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -179,15 +179,12 @@ def example_fingerprints(batch: Mapping[str, Any]) -> list[str]:
 
 def summarize_steps(pending: Sequence[Mapping[str, Any]], *, seconds: float,
                     tokens_per_batch: int) -> dict[str, float]:
-    """The training metrics of the steps since the last report: sums over steps (`summarize_metrics`), the last
-    step's learning rate and gradient norm, and steps and tokens per second."""
+    """The training metrics of the steps since the last report, each merged over the steps by its own reduction
+    (`gr_jax.metrics`: the loss per target token, the last step's learning rate and gradient norm), and steps and
+    tokens per second."""
     if not pending:
         return {}
-    pending = jax.device_get(list(pending))
-    total = {k: float(np.sum([m[k] for m in pending])) for k in pending[0]}
-    total["learning_rate"] = float(pending[-1]["learning_rate"])
-    total["grad_norm"] = float(pending[-1]["grad_norm"])
-    summary = summarize_metrics(total)
+    summary = metrics_lib.summarize(metrics_lib.merge_steps(jax.device_get(list(pending))))
     summary["steps_per_second"] = len(pending) / seconds
     summary["tokens_per_second"] = len(pending) * tokens_per_batch / seconds
     return summary

@@ -9,6 +9,7 @@ import pytest
 
 from gr_jax import actions
 from gr_jax.evaluator import RetrievalEvaluator
+from gr_jax.metrics import Average, LastValue
 from gr_jax.retrievers import Ranking
 
 
@@ -223,8 +224,10 @@ def test_the_loop_reports_to_actions_and_stops_when_one_says_so(tmp_path):
     class FakeTrainer:
         def train_step(self, state, batch, rng):
             steps.append(batch)
-            return state, {"loss": 2.0, "z_loss": 0.0, "weight": 4.0, "correct_tokens": 1.0, "correct_sequences": 1.0,
-                           "num_sequences": 2.0, "learning_rate": 0.1, "grad_norm": 1.0}
+            return state, {"loss": Average(total=2.0, count=4.0), "z_loss": Average(total=0.0, count=4.0),
+                           "token_accuracy": Average(total=1.0, count=4.0),
+                           "sequence_accuracy": Average(total=1.0, count=2.0), "learning_rate": LastValue(value=0.1),
+                           "grad_norm": LastValue(value=1.0)}
 
     from gr_jax import training
     experiment = types.SimpleNamespace(batch_size=4, seed=0)

@@ -85,7 +85,7 @@ def test_sampled_softmax_is_eq2_over_the_allowed_candidates(in_batch):
         expected += log_z - logits[i, i]
         correct += int(max(allowed, key=lambda c: logits[i, c]) == i)
     assert float(loss) == pytest.approx(expected, rel=1e-5)
-    assert float(metrics["weight"]) == batch and float(metrics["correct_sequences"]) == correct
+    assert float(metrics["loss"].count) == batch and float(metrics["sequence_accuracy"].total) == correct
 
 
 def test_candidates_mask_the_positive_seen_again_and_empty_negative_slots():

@@ -172,7 +172,10 @@ def test_gdr_loss_is_the_sequence_nll_plus_the_weighted_contrastive_loss_by_hand
     logits = rng.normal(size=(b, length, vocab)).astype(np.float32)
     columns = rng.integers(2, vocab, size=(b, length)).astype(np.int32)
     weights = np.ones((b, length), np.float32)
-    unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+    def unit(x):
+        return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
     q, p = unit(rng.normal(size=(b, d))), unit(rng.normal(size=(b, d)))
     neg = unit(rng.normal(size=(b, m, d)))
     positive_rows = np.array([10, 11, 10])  # query 2's positive is query 0's document again
@@ -195,10 +198,11 @@ def test_gdr_loss_is_the_sequence_nll_plus_the_weighted_contrastive_loss_by_hand
         terms += [3.0 * np.exp(q[i] @ neg[i, s] / 0.1) for s in range(m)
                   if negative_rows[i, s] >= 0 and negative_rows[i, s] != positive_rows[i]]
         intra.append(np.log(sum(terms)) - q[i] @ p[i] / 0.1)
-    assert float(metrics["inter_loss"]) == pytest.approx(inter.sum(), rel=1e-5)
-    assert float(metrics["intra_loss"]) == pytest.approx(sum(intra), rel=1e-5)
+    assert float(metrics["inter_loss"].total) == pytest.approx(inter.sum(), rel=1e-5)
+    assert float(metrics["intra_loss"].total) == pytest.approx(sum(intra), rel=1e-5)
     assert float(total) == pytest.approx(0.5 * inter.sum() + 2.0 * sum(intra), rel=1e-5)
-    assert float(metrics["weight"]) == 3 and float(metrics["candidates"]) == (2 + 1) + (3 + 1) + (2 + 2)
+    assert all(float(metric.count) == 3 for metric in metrics.values())  # every metric is per query
+    assert float(metrics["candidates"].total) == (2 + 1) + (3 + 1) + (2 + 2)
 
 
 def micro_batch(rng, *, b=8, m=3, dim=16, length=3, num_clusters=4):
@@ -227,8 +231,9 @@ def test_gdr_training_has_a_pulse():
         state, metrics = trainer.train_step(state, batch, jax.random.PRNGKey(step))
         metrics = jax.device_get(metrics)
         first = first or metrics
-    assert metrics["inter_loss"] < 0.1 * first["inter_loss"] and metrics["intra_loss"] < 0.5 * first["intra_loss"]
-    assert metrics["correct_sequences"] == 8
+    assert metrics["inter_loss"].total < 0.1 * first["inter_loss"].total
+    assert metrics["intra_loss"].total < 0.5 * first["intra_loss"].total
+    assert metrics["sequence_accuracy"].total == 8
 
 
 def test_recall_from_one_encoding_equals_separate_beam_search_and_query_vectors():

@@ -593,7 +593,7 @@ def test_initialize_from_pretrained_gives_a_trainable_state(tmp_path, mesh):
     logits = ref_logits(weights, config_json, batch["encoder_input_tokens"], batch["decoder_input_tokens"])
     log_z = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
     cross_entropy = log_z - np.take_along_axis(logits, targets[..., None], -1)[..., 0]
-    np.testing.assert_allclose(float(metrics["loss"]) / float(metrics["weight"]),
+    np.testing.assert_allclose(float(metrics["loss"].total) / float(metrics["loss"].count),
                                np.mean(cross_entropy + 1e-4 * log_z ** 2), rtol=1e-4)
 
 

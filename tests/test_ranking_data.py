@@ -18,7 +18,7 @@ from gr_jax.docids.table import DocidTable
 from gr_jax.models import SOFT_TARGET_MASS, SOFT_TARGET_TOKENS, EncoderDecoderModel
 from gr_jax.ranking.data import RankedListData, TrieTargets, ranked_list_examples, ranked_lists
 from gr_jax.ranking.evaluation import ranking_candidates, ranking_metrics
-from gr_jax.ranking.targets import Fractional, Stepwise, TopOne, trie_targets
+from gr_jax.ranking.targets import Fractional, Stepwise, trie_targets
 from gr_jax.vocabulary import EOS_ID, PAD_ID
 
 from conftest import micro_ranked_run_args
@@ -188,7 +188,7 @@ def test_the_model_loss_reads_soft_targets_and_item_weights():
     per_token[0, 0] = -0.5 * (log_p[0, 0, 5] + log_p[0, 0, 9])
     z = 1e-4 * np.log(np.exp(np.asarray(logits, np.float64)).sum(-1)) ** 2
     np.testing.assert_allclose(value, np.sum((per_token + z) * batch["decoder_loss_weights"]), rtol=1e-5)
-    assert metrics["weight"] == pytest.approx(3.5)
+    assert metrics["loss"].count == pytest.approx(3.5)
     grads = jax.jit(jax.grad(lambda p: model.loss_fn(p, soft, None)[0]))(params)
     assert all(np.isfinite(g).all() for g in jax.tree.leaves(grads))
 

@@ -318,7 +318,7 @@ def test_train_step_with_scanned_layers():
     for _ in range(2):
         flat_state, flat_metrics = flat_trainer.train_step(flat_state, batch, jax.random.PRNGKey(1))
         state, metrics = scanned_trainer.train_step(state, batch, jax.random.PRNGKey(1))
-        np.testing.assert_allclose(float(metrics["loss"]), float(flat_metrics["loss"]), rtol=1e-6)
+        np.testing.assert_allclose(float(metrics["loss"].total), float(flat_metrics["loss"].total), rtol=1e-6)
     assert_trees_close(state.params, layer_layout.stack_layers(flat_state.params, config=MICRO), atol=1e-5)
 
     config = dataclasses.replace(scanned(MICRO), remat=True, dropout_rate=0.1)
@@ -328,7 +328,7 @@ def test_train_step_with_scanned_layers():
     losses = []
     for _ in range(3):
         state, metrics = real.train_step(state, batch, jax.random.PRNGKey(1))
-        losses.append(float(metrics["loss"] / metrics["weight"]))
+        losses.append(float(metrics["loss"].total / metrics["loss"].count))
     assert int(state.step) == 3 and all(np.isfinite(losses)) and losses[-1] < losses[0], losses
 
 

@@ -64,7 +64,8 @@ def test_param_partition_specs_on_2x4_mesh(tiny_trainer):
     for path, leaf in flat:
         name = path[-1].key
         want = expected[name]
-        assert tuple(leaf.sharding.spec) + (None,) * (leaf.ndim - len(leaf.sharding.spec)) == want, (path, leaf.sharding)
+        spec = tuple(leaf.sharding.spec) + (None,) * (leaf.ndim - len(leaf.sharding.spec))
+        assert spec == want, (path, leaf.sharding)
         # The abstract state carries the same shardings the init produced.
     abstract = jax.tree_util.tree_flatten_with_path(trainer.abstract_state.params)[0]
     for (_, a), (_, b) in zip(abstract, flat):
@@ -79,7 +80,7 @@ def test_train_steps_on_tiny_lower_the_loss(tiny_trainer):
     losses = []
     for _ in range(8):
         state, metrics = trainer.train_step(state, batch, rng)
-        losses.append(float(metrics["loss"] / metrics["weight"]))
+        losses.append(float(metrics["loss"].total / metrics["loss"].count))
     assert int(state.step) == 8
     assert losses[-1] < 0.7 * losses[0], losses
     assert all(math.isfinite(x) for x in losses)
@@ -95,7 +96,7 @@ def test_microbatches_give_the_same_update_as_one_batch():
         trainer = _trainer(config, mesh=mesh, num_microbatches=micro)
         state = trainer.init_state(jax.random.PRNGKey(0))
         state, metrics = trainer.train_step(state, batch, jax.random.PRNGKey(1))
-        results.append((jax.device_get(state.params), float(metrics["loss"])))
+        results.append((jax.device_get(state.params), float(metrics["loss"].total)))
     np.testing.assert_allclose(results[0][1], results[1][1], rtol=1e-5)
     for a, b in zip(jax.tree.leaves(results[0][0]), jax.tree.leaves(results[1][0])):
         np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-6)

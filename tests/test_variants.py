@@ -14,6 +14,7 @@ from gr_jax import decoding
 from gr_jax import experiment as experiment_lib
 from gr_jax import gin_utils
 from gr_jax import losses
+from gr_jax import metrics as metrics_lib
 from gr_jax import network
 from gr_jax import optimizers
 from gr_jax import partitioning
@@ -22,15 +23,15 @@ from gr_jax.docids.trie import Trie
 from gr_jax.heads.atomic import AtomicHead, top_k_columns
 from gr_jax.heads.pawa import PawaHead
 from gr_jax.models import EncoderDecoderModel
-from gr_jax.trainer import Trainer, summarize_metrics
+from gr_jax.trainer import Trainer
 
 from test_scan_layers import started
 
 # heads=4 so the 'model' axis of a 2x4 mesh divides every sharded dimension.
 MICRO = network.T5Config(vocab_size=128, emb_dim=32, num_heads=4, num_encoder_layers=2, num_decoder_layers=2,
                          head_dim=8, mlp_dim=64, dropout_rate=0.0)
-# Atomic ids as gr_jax.docids.schemes.atomic.atomic_docid_table makes them: docid i is token ATOMIC_START + i (appended after
-# a SentencePiece vocabulary of ATOMIC_START pieces), the head's column i.
+# Atomic ids as gr_jax.docids.schemes.atomic.atomic_docid_table makes them: docid i is token ATOMIC_START + i
+# (appended after a SentencePiece vocabulary of ATOMIC_START pieces), the head's column i.
 NUM_DOCIDS, ATOMIC_START = 300, 120
 ATOMIC = dataclasses.replace(MICRO, decoder_head="atomic", docid_vocab_start=ATOMIC_START, docid_vocab_size=NUM_DOCIDS)
 # 2D semantic ids: 3 positions x 4 values, tokens appended after a 128-token text vocabulary.
@@ -230,7 +231,7 @@ def test_atomic_loss_and_score_are_per_docid():
     expected = -np.asarray(log_p)[np.arange(4), docids]
     z = model.loss.z_loss * np.square(np.asarray(jax.nn.logsumexp(logits[:, 0], axis=-1)))
     np.testing.assert_allclose(loss, (expected + z).sum(), rtol=1e-5)
-    assert float(metrics["weight"]) == 4.0  # one target (the docid) per query, EOS is certain
+    assert float(metrics["loss"].count) == 4.0  # one target (the docid) per query, EOS is certain
     np.testing.assert_allclose(score_batch(params, batch), -expected, rtol=1e-5)
     # A padding row (no target) weighs nothing; a weighted target that is no docid token makes the loss NaN.
     padded = _batch(queries, np.concatenate([targets[:3], np.zeros((1, 3))]))
@@ -336,7 +337,7 @@ def test_pawa_trains_on_a_2x4_mesh():
     losses_seen = []
     for _ in range(15):
         state, metrics = trainer.train_step(state, batch, jax.random.PRNGKey(1))
-        losses_seen.append(float(metrics["loss"] / metrics["weight"]))
+        losses_seen.append(float(metrics["loss"].total / metrics["loss"].count))
     assert all(math.isfinite(x) for x in losses_seen)
     assert losses_seen[-1] < 0.5 * losses_seen[0], losses_seen
 
@@ -401,7 +402,7 @@ def test_consistency_loss_is_zero_without_dropout_and_positive_with_it(kind):
         loss, metrics = model.loss_fn(params, batch, rng)
         plain_loss, plain = EncoderDecoderModel(config=config).loss_fn(params, batch, rng)
         assert "consistency_loss" not in plain
-        consistency = float(metrics["consistency_loss"])
+        consistency = float(metrics["consistency_loss"].total)
         if dropout_rate == 0.0:
             if kind == "symmetric_kl":
                 assert consistency == pytest.approx(0.0, abs=1e-6)  # identical passes
@@ -409,9 +410,9 @@ def test_consistency_loss_is_zero_without_dropout_and_positive_with_it(kind):
             np.testing.assert_allclose(loss, plain_loss + 0.5 * consistency, rtol=1e-5)
         else:
             assert consistency > 1e-3
-            assert float(metrics["weight"]) == 12.0
+            assert float(metrics["loss"].count) == 12.0
         assert math.isfinite(float(loss))
-    assert "consistency_loss" in summarize_metrics(jax.device_get(metrics))
+    assert "consistency_loss" in metrics_lib.summarize(jax.device_get(metrics))
 
 
 def test_consistency_training_keeps_the_loss_finite_for_hundreds_of_steps():
@@ -430,7 +431,7 @@ def test_consistency_training_keeps_the_loss_finite_for_hundreds_of_steps():
     for step in range(200):
         state, metrics = trainer.train_step(state, batch, jax.random.PRNGKey(step))
         if step % 50 == 0 or step == 199:
-            history.append(summarize_metrics(jax.device_get(metrics)))
+            history.append(metrics_lib.summarize(jax.device_get(metrics)))
     assert all(math.isfinite(v) for summary in history for v in summary.values()), history
     assert history[-1]["loss"] < 0.5 * history[0]["loss"]
     assert history[-1]["consistency_loss"] > 0

@@ -200,6 +200,6 @@ class DualEncoderModel:
         return logits, owner, valid
 
     def loss_fn(self, params, batch: Batch, dropout_rng: Optional[Array]) -> tuple[Array, dict]:
-        """(summed loss, metrics of sums) over the batch's queries (`gr_jax.dense.losses`)."""
+        """(summed loss, its metrics) over the batch's queries (`gr_jax.dense.losses`)."""
         logits, owner, valid = self.candidate_scores(params, batch, dropout_rng)
         return self.loss(logits=logits, owner=owner, valid=valid)

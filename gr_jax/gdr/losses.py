@@ -12,9 +12,9 @@ documents sampled from d+'s own cluster (`gr_jax.gdr.data`), weighted by w = `cl
 "weighted to emphasise intra-cluster discrimination"). Document vectors are the frozen encoder's (memorising-free:
 new documents need only an encoding), so only the query side learns from L_intra.
 
-Sums over queries come back with `weight` = the number of queries, so the trainer's update is that of the mean of
-L(q). Metrics (sums): loss, inter_loss, intra_loss, z_loss, weight, num_sequences, correct_sequences (queries whose
-cluster id is predicted exactly, teacher-forced), intra_correct (queries whose positive scores above every
+The loss is a sum over queries reported as an average per query (`gr_jax.metrics`), so the trainer's update is
+that of the mean of L(q). Metrics, each per query: loss, inter_loss, intra_loss, z_loss, sequence_accuracy (queries
+whose cluster id is predicted exactly, teacher-forced), intra_correct (queries whose positive scores above every
 candidate), candidates.
 """
 from __future__ import annotations
@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from gr_jax import losses
+from gr_jax.metrics import AnyMetric, Average
 from gr_jax.network import NEG_INF
 
 Array = jax.Array
@@ -75,8 +76,8 @@ class GdrLoss:
 
     def __call__(self, *, outputs: losses.Outputs, query_vectors: Array, positive_vectors: Array,
                  positive_rows: Array, negative_vectors: Array, negative_rows: Array,
-                 temperature: float) -> tuple[Array, dict[str, Array]]:
-        """(summed loss, metrics of sums); `outputs` is the teacher-forced pass over the cluster ids."""
+                 temperature: float) -> tuple[Array, dict[str, AnyMetric]]:
+        """(summed loss, metrics); `outputs` is the teacher-forced pass over the cluster ids."""
         token_loss, z = losses.cross_entropy_with_z_loss(outputs.logits, outputs.columns, z_loss=self.z_loss)
         token_loss = jnp.where(outputs.invalid, jnp.nan, token_loss)
         weights = outputs.weights
@@ -91,15 +92,13 @@ class GdrLoss:
         intra = jax.nn.logsumexp(masked, axis=-1) - positive
         intra_correct = (jnp.argmax(masked, axis=-1) == jnp.arange(logits.shape[0])).astype(jnp.float32)
         per_query = (self.inter_weight * inter + self.intra_weight * intra) * has_target
-        metrics = {
-            "loss": jnp.sum(per_query),
-            "inter_loss": jnp.sum(inter * has_target),
-            "intra_loss": jnp.sum(intra * has_target),
-            "z_loss": jnp.sum(jnp.sum(z * weights, axis=-1) * has_target),
-            "weight": jnp.sum(has_target),
-            "num_sequences": jnp.sum(has_target),
-            "correct_sequences": jnp.sum(jnp.all(correct_tokens, axis=-1) * has_target),
-            "intra_correct": jnp.sum(intra_correct * has_target),
-            "candidates": jnp.sum(jnp.sum(competing, axis=-1) * has_target),
-        }
-        return metrics["loss"], metrics
+        queries, loss = jnp.sum(has_target), jnp.sum(per_query)
+        metrics = {name: Average(total=total, count=queries) for name, total in (
+            ("loss", loss),
+            ("inter_loss", jnp.sum(inter * has_target)),
+            ("intra_loss", jnp.sum(intra * has_target)),
+            ("z_loss", jnp.sum(jnp.sum(z * weights, axis=-1) * has_target)),
+            ("sequence_accuracy", jnp.sum(jnp.all(correct_tokens, axis=-1) * has_target)),
+            ("intra_correct", jnp.sum(intra_correct * has_target)),
+            ("candidates", jnp.sum(jnp.sum(competing, axis=-1) * has_target)))}
+        return loss, metrics

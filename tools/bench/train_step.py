@@ -15,7 +15,6 @@ import statistics
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from gr_jax import gin_utils
@@ -78,7 +77,7 @@ def run(*, config: network.T5Config, batch: int, inputs: int, targets: int, step
 
     def one_step():
         holder["state"], metrics = trainer.train_step(holder["state"], data, rng)
-        return metrics["loss"]
+        return metrics["loss"].total
 
     step_times, probe_times = [], []
     for _ in range(steps):
@@ -91,7 +90,8 @@ def run(*, config: network.T5Config, batch: int, inputs: int, targets: int, step
     return {
         "benchmark": "train_step",
         "params": trainer.param_count(),
-        "batch": batch, "inputs": inputs, "targets": targets, "dtype": config.dtype, "param_dtype": config.param_dtype, "optimizer": optimizer,
+        "batch": batch, "inputs": inputs, "targets": targets, "dtype": config.dtype, "param_dtype": config.param_dtype,
+        "optimizer": optimizer,
         "devices": jax.device_count(), "platform": jax.devices()[0].platform,
         "steps_per_s": 1.0 / step_s,
         "tokens_per_s": batch * (inputs + targets) / step_s,
