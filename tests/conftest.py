@@ -49,6 +49,19 @@ def _materialise_fixtures() -> pathlib.Path:
 FIXTURES = _materialise_fixtures()
 
 
+# The longest test files, longest first (their wall times alone on 2 cores; `make test` prints the slowest tests).
+# `make test`'s workers take whole files in collection order: starting these first keeps one worker from running a
+# long file alone at the end while the other idles (longest-first scheduling).
+LONGEST_FILES = ("test_training.py", "test_scan_layers.py", "test_pipeline.py", "test_variants.py", "test_gdr.py",
+                 "test_minilm_runs.py", "test_multiprocess.py", "test_dense.py", "test_kill_resume.py",
+                 "test_decoding.py", "test_network.py", "test_ranking_data.py", "test_run_study.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file's own order is kept
+
+
 @pytest.fixture
 def fixtures_dir() -> pathlib.Path:
     return FIXTURES
@@ -70,23 +83,6 @@ def spm_data_dir(tmp_path_factory) -> pathlib.Path:
              for line in (path / name).read_text().splitlines()]
     train_sentencepiece(texts=texts * 3, model_path=path / "spm.model", vocab_size=320)
     return path
-
-
-@pytest.fixture(scope="session")
-def minilm_zero_shot_run(spm_data_dir, tmp_path_factory) -> pathlib.Path:
-    """The model dir of a dense run of all-MiniLM-L6-v2 as shipped (TRAIN_STEPS=0) on `spm_data_dir`: its checkpoint
-    of step 0 and its dev ranking (run.dev.0.trec, 5 documents a query). Tests read it, none trains it further."""
-    import gin
-    from gr_jax import train as train_main
-    model_dir = tmp_path_factory.mktemp("minilm") / "zero"
-    gin.clear_config()
-    try:
-        train_main.main(["--gin_file=dense/minilm.gin", f"--gin.DATA_DIR={spm_data_dir}",
-                         f"--gin.MODEL_DIR={model_dir}", "--gin.TRAIN_STEPS=0",
-                         "--gin.training.EvalConfig.ranking_depth=5"])
-    finally:
-        gin.clear_config()
-    return model_dir
 
 
 @pytest.fixture

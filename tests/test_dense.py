@@ -358,25 +358,6 @@ def test_t5_dual_encoder_trains_evaluates_and_searches_through_the_entry_points(
         built.retriever(params, settings=EvalConfig(ranking_depth=3), step=2).rank(["kimchi"], k=3)
 
 
-def test_zero_shot_minilm_ranks_as_sentence_transformers_cosine(minilm_zero_shot_run, spm_data_dir):
-    """TRAIN_STEPS=0: all-MiniLM-L6-v2 as shipped; its ranking is the cosine ranking of `load_minilm()`'s
-    embeddings (checked against sentence-transformers in test_minilm.py). The run (conftest) is shared with
-    test_gdr."""
-    from gr_jax.encoders import load_minilm
-    from gr_jax.evaluation import read_trec_run
-    model_dir = minilm_zero_shot_run
-    run = read_trec_run(model_dir / "run.dev.0.trec")
-    dataset = open_dataset(spm_data_dir)
-    docids, texts = zip(*dataset.collection())
-    queries = list(dataset.queries("dev"))
-    encoder = load_minilm()
-    similarity = encoder([text for _, text in queries]) @ encoder(list(texts)).T
-    for (qid, _), row in zip(queries, similarity):
-        assert [d for d, _ in run[qid]] == [docids[i] for i in np.argsort(-row, kind="stable")[:5]]
-        np.testing.assert_allclose([s for _, s in run[qid]], np.sort(row)[::-1][:5], rtol=1e-4, atol=1e-5)
-    assert (model_dir / "checkpoints" / "0").is_dir()  # the zero-shot model is a run like any other
-
-
 def _dense_experiment(data_dir, model_dir, **data):
     from gr_jax.dense.experiment import DenseExperiment
     tower = T5EncoderTower(config=dataclasses.replace(MICRO_T5, vocab_size=None))

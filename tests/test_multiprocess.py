@@ -33,11 +33,13 @@ _TRAIN_WITHOUT_TENSORFLOW = ("import sys\n"
                              "train.main()\n")
 
 
-def _run(jobs: list[list[str]], *, devices: int, cwd) -> None:
-    """Runs the train entry point once per argument list, concurrently, each with `devices` CPU devices."""
-    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu"}
-    procs = [subprocess.Popen([sys.executable, "-c", _TRAIN_WITHOUT_TENSORFLOW, *args], cwd=cwd, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for args in jobs]
+def _run(jobs: list[tuple[list[str], int]], *, cwd) -> None:
+    """Runs the train entry point once per (arguments, CPU devices), concurrently."""
+    def env(devices: int) -> dict[str, str]:
+        return {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu"}
+
+    procs = [subprocess.Popen([sys.executable, "-c", _TRAIN_WITHOUT_TENSORFLOW, *args], cwd=cwd, env=env(devices),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for args, devices in jobs]
     outputs = [proc.communicate()[0] for proc in procs]
     for proc, output in zip(procs, outputs):
         assert proc.returncode == 0, output[-3000:]
@@ -45,8 +47,6 @@ def _run(jobs: list[list[str]], *, devices: int, cwd) -> None:
 
 def test_two_processes_train_resume_and_evaluate_as_one(ranked_hypernyms, tmp_path):
     single = tmp_path / "single"
-    _run([_train_args(ranked_hypernyms, single, steps=4)], devices=4, cwd=tmp_path)
-
     multi = tmp_path / "multi"
     port = _free_port()
 
@@ -56,10 +56,11 @@ def test_two_processes_train_resume_and_evaluate_as_one(ranked_hypernyms, tmp_pa
                 "--gin.partitioning.initialize_distributed.num_processes=2",
                 f"--gin.partitioning.initialize_distributed.process_id={index}"]
 
-    _run([process(0, 2), process(1, 2)], devices=2, cwd=tmp_path)  # writes the checkpoint of step 2, evaluates
+    # The job writes the checkpoint of step 2 and evaluates; beside it, the reference: one process, 4 devices.
+    _run([(process(0, 2), 2), (process(1, 2), 2), (_train_args(ranked_hypernyms, single, steps=4), 4)], cwd=tmp_path)
     assert sorted(p.name for p in (multi / "checkpoints").iterdir() if p.name.isdigit()) == ["2"]
     port = _free_port()
-    _run([process(0, 4), process(1, 4)], devices=2, cwd=tmp_path)  # resumes at step 2
+    _run([(process(0, 4), 2), (process(1, 4), 2)], cwd=tmp_path)  # resumes at step 2
     assert sorted(p.name for p in (multi / "checkpoints").iterdir() if p.name.isdigit()) == ["2", "4"]
 
     one = json.loads((single / "final_metrics.json").read_text())
