@@ -28,6 +28,7 @@ from gr_jax import checkpoints
 from gr_jax import partitioning
 from gr_jax.evaluation import write_trec_run
 from gr_jax.evaluator import RetrievalEvaluator
+from gr_jax.run_dir import RunDir
 
 if TYPE_CHECKING:
     from gr_jax.experiment import Built
@@ -61,8 +62,8 @@ class TrainingRun:
     reported_params: Optional[tuple[int, Any]] = None
 
     @property
-    def model_dir(self) -> pathlib.Path:
-        return pathlib.Path(self.built.experiment.model_dir)
+    def run_dir(self) -> RunDir:
+        return RunDir.of(self.built.experiment.model_dir)
 
     def input_state(self, step: int) -> dict:
         """The input position of `step`, saved with its checkpoint (exact resume), and the config that position
@@ -172,7 +173,7 @@ def evaluate_retrieval(run: TrainingRun, *, retriever: ParametricRetriever, eval
     metrics, ranked = evaluator.evaluate(retriever.with_params(params))
     run.writer.write_scalars(step, {f"{prefix}/{k}": v for k, v in metrics.items()})
     if partitioning.is_primary_process():
-        write_trec_run(run.model_dir / f"run.{split}.{step}.trec", ranked, tag=f"gr_jax-{step}")
+        write_trec_run(run.run_dir.trec_run(split, step), ranked, tag=f"gr_jax-{step}")
     logger.info("step %d %s: %s", step, prefix, metrics)
     return metrics
 
@@ -279,9 +280,9 @@ class SelectModel(Action):
         self.best: Optional[checkpoints.Checkpointer] = None
 
     def start(self, run):
-        self.selection = ModelSelection.load(run.model_dir / "selection.json", split=self.split, metric=self.metric,
+        self.selection = ModelSelection.load(run.run_dir.selection, split=self.split, metric=self.metric,
                                              resumed_step=run.start_step, patience=self.patience)
-        self.best = checkpoints.Checkpointer(run.model_dir / checkpoints.BEST_DIR, max_to_keep=1, asynchronous=False)
+        self.best = checkpoints.Checkpointer(run.run_dir.best, max_to_keep=1, asynchronous=False)
         return self.selection.stopped
 
     def __call__(self, run, progress):

@@ -29,12 +29,13 @@ from etils import epath
 from orbax.checkpoint import future as ocp_future
 from orbax.checkpoint._src.metadata import array_metadata_store  # pinned orbax: the default handler's store
 
+from gr_jax.partitioning import path_str
+
 logger = logging.getLogger(__name__)
 
 STATE_ITEM = "state"
 INPUT_ITEM = "input"
 INPUT_ITERATOR_ITEM = "input_iterator"
-BEST_DIR = "best"  # model_dir/best: the state model selection kept (actions.SelectModel)
 
 
 @runtime_checkable
@@ -135,11 +136,6 @@ def _abstract_leaf(path, leaf) -> jax.ShapeDtypeStruct:
         f"abstract_state{jax.tree_util.keystr(path)}: expected jax.ShapeDtypeStruct or jax.Array, "
         f"got {type(leaf).__name__}"
     )
-
-
-def path_str(path) -> str:
-    """A pytree key path as 'a/b/0'."""
-    return "/".join(str(getattr(key, "key", getattr(key, "name", getattr(key, "idx", key)))) for key in path)
 
 
 class Checkpointer:

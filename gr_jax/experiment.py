@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
-import pathlib
 from collections.abc import Callable, Container, Iterator, Sequence
 from typing import Any, Optional, Protocol
 
@@ -29,8 +28,9 @@ from gr_jax.docids.identifiers import DocumentIdentifiers
 from gr_jax.evaluator import RetrievalEvaluator
 from gr_jax.models import EncoderDecoderModel
 from gr_jax.retrievers.generative import GenerativeRetriever
+from gr_jax.run_dir import RunDir
 from gr_jax.trainer import Trainer
-from gr_jax.vocabulary import MODEL_FILENAME, load_vocabulary
+from gr_jax.vocabulary import load_vocabulary, vocabulary_file
 
 logger = logging.getLogger(__name__)
 
@@ -77,11 +77,6 @@ class SeqioExamplesData:
             mixture_or_task_name=self.mixture_name, batch_size=batch_size, input_length=self.input_length,
             target_length=self.target_length, seed=seed, start_batch=start_batch, shard_index=shard_index,
             num_shards=num_shards)
-
-
-def vocabulary_file(data: RunData) -> pathlib.Path:
-    """The SentencePiece model of the data: `vocabulary_path`, else `{data_dir}/spm.model`."""
-    return pathlib.Path(data.vocabulary_path or pathlib.Path(data.data_dir) / MODEL_FILENAME)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,7 +205,7 @@ def training_parts(experiment: Any, *, model: Any, keep_checkpoints: int
                       target_length=experiment.dataset.target_length, batch_size=experiment.batch_size,
                       num_microbatches=experiment.num_microbatches, learning_rate_fn=experiment.learning_rate,
                       rules=experiment.rules)
-    checkpointer = checkpoints.Checkpointer(pathlib.Path(experiment.model_dir) / "checkpoints",
+    checkpointer = checkpoints.Checkpointer(RunDir.of(experiment.model_dir).checkpoints,
                                             max_to_keep=keep_checkpoints)
     return mesh, trainer, checkpointer
 
@@ -276,7 +271,7 @@ class BuiltRun:
         step = self._checkpoint_step(step)
         checkpointer = self.checkpointer
         if step not in checkpointer.all_steps():
-            best_dir = pathlib.Path(self.experiment.model_dir) / checkpoints.BEST_DIR
+            best_dir = RunDir.of(self.experiment.model_dir).best
             best = checkpoints.Checkpointer(best_dir, max_to_keep=1) if best_dir.is_dir() else None
             if best is None or step not in best.all_steps():
                 raise FileNotFoundError(f"no checkpoint of step {step} in {checkpointer.directory} (it has "
@@ -305,7 +300,7 @@ class BuiltRun:
 
 class SampledBatchesRun(BuiltRun):
     """A run whose training batches its own `batch_source` samples on the host (the dense and GDR runs:
-    `gr_jax.dense.data.sharded_batches`), and whose dataset knows its `tokens_per_example`."""
+    `gr_jax.data.batches.sharded_batches`), and whose dataset knows its `tokens_per_example`."""
 
     batch_source: Any
 
@@ -348,12 +343,11 @@ class Built(BuiltRun):
         Hugging Face T5.1.1 dir)."""
         experiment, trainer = self.experiment, self.trainer
         state = trainer.init_state(jax.random.PRNGKey(experiment.seed))
-        if experiment.init_checkpoint and warm_start.is_run_dir(experiment.init_checkpoint):
+        if experiment.init_checkpoint and RunDir.of(experiment.init_checkpoint).is_run():
             state = warm_start.initialize_from_run(state=state, trainer=trainer, model_dir=experiment.init_checkpoint)
             logger.info("initialised from the run %s", experiment.init_checkpoint)
         elif experiment.init_checkpoint:
-            from gr_jax import pretrained
-            state = pretrained.initialize_from_pretrained(state=state, trainer=trainer,
+            state = warm_start.initialize_from_pretrained(state=state, trainer=trainer,
                                                           checkpoint_dir=experiment.init_checkpoint)
             logger.info("initialised from %s", experiment.init_checkpoint)
         return state

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Sequence
 
 import gin
 
+from gr_jax.run_dir import RunDir
+
 if TYPE_CHECKING:
     from gr_jax import network
 
@@ -93,7 +95,7 @@ def t5_config(gin_files: Sequence[str], *, bindings: Sequence[str] = (), **overr
 def parse_run_config(model_dir: str | os.PathLike, *, gin_args: Sequence[str] = (), missing: str) -> None:
     """Parses the gin config a training run wrote (`model_dir/config.gin`), then `gin_args` (`--gin_file=...`,
     `--gin.KEY=VALUE`) on top, replacing any parsed config; `missing` says what to do when there is none."""
-    config = pathlib.Path(model_dir) / "config.gin"
+    config = RunDir.of(model_dir).config
     if not config.is_file():
         raise FileNotFoundError(f"{config} is missing: {missing}")
     parsed, gin_files, bindings = parse_args(list(gin_args), description=f"gin overrides of {config}")

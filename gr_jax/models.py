@@ -21,15 +21,11 @@ import jax.numpy as jnp
 from gr_jax import decoding
 from gr_jax import losses
 from gr_jax import network
+from gr_jax.data.features import SOFT_TARGET_MASS, SOFT_TARGET_TOKENS
 from gr_jax.docids.trie import Trie
 
 Array = jax.Array
 Batch = Mapping[str, Array]
-
-# Optional batch features: each target position's soft target (support tokens and their probabilities).
-SOFT_TARGET_TOKENS = "decoder_soft_target_tokens"
-SOFT_TARGET_MASS = "decoder_soft_target_mass"
-
 
 @dataclasses.dataclass(frozen=True)
 class EncoderDecoderModel:

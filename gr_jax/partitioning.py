@@ -179,6 +179,11 @@ def partitioning_context(*, mesh: Mesh, rules: LogicalAxisRules = LOGICAL_AXIS_R
 # ----------------------------------------------------------------------------------------------
 
 
+def path_str(path) -> str:
+    """A pytree key path as 'a/b/0'."""
+    return "/".join(str(getattr(key, "key", getattr(key, "name", getattr(key, "idx", key)))) for key in path)
+
+
 def is_box(x: Any) -> bool:
     """Whether `x` is a Flax partitioning box (`nn.LogicallyPartitioned`, `nn.Partitioned`)."""
     return isinstance(x, meta.AxisMetadata)

@@ -74,13 +74,10 @@ from safetensors import safe_open
 from gr_jax import layer_layout
 from gr_jax import network
 from gr_jax import partitioning
-from gr_jax.checkpoints import path_str
 from gr_jax.data.readers import DataFormatError
 
 if TYPE_CHECKING:
     import seqio
-
-    from gr_jax.trainer import Trainer, TrainState
 
 logger = logging.getLogger(__name__)
 
@@ -665,7 +662,7 @@ def load_pretrained_params(*, checkpoint_dir: PathLike, config: network.T5Config
         shardings, is_leaf=lambda x: isinstance(x, Sharding))
     if sharding_treedef != treedef:
         raise ValueError(f"shardings do not have the structure of fresh_params:\n{sharding_treedef}\nvs\n{treedef}")
-    paths = [path_str(p) for p, _ in leaves]
+    paths = [partitioning.path_str(p) for p, _ in leaves]
     plan: dict[str, Optional[TensorSource]] = {}  # None: fresh
     unknown = []
     for path, (_, leaf) in zip(paths, leaves):
@@ -734,21 +731,3 @@ def load_pretrained_params(*, checkpoint_dir: PathLike, config: network.T5Config
                 "unused tensors: %s", checkpoint_dir, counts["pretrained"], counts["mixed"], hf.vocab_size,
                 counts["fresh"], [p for p in paths if plan[p] is None], unused)
     return jax.tree_util.tree_unflatten(treedef, out)
-
-
-# ----------------------------------------------------------------------------------------------
-# Training hook
-# ----------------------------------------------------------------------------------------------
-
-
-def initialize_from_pretrained(*, state: "TrainState", trainer: "Trainer", checkpoint_dir: PathLike,
-                               fresh_patterns: Sequence[str] = ()) -> "TrainState":
-    """A freshly initialised train state with its params replaced by the checkpoint's (on the trainer's shardings).
-
-    Call once, before step 0, when there is no checkpoint of the run to resume from. The optimizer state is kept:
-    Adafactor's and Adam's initial statistics do not depend on the parameter values.
-    """
-    params = load_pretrained_params(checkpoint_dir=checkpoint_dir, config=trainer.model.config,
-                                    fresh_params=state.params, shardings=trainer.state_shardings.params,
-                                    fresh_patterns=fresh_patterns)
-    return state.replace(params=params)

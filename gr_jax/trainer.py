@@ -6,7 +6,7 @@ parameters are born on their devices. The train step donates the state.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, Optional, Protocol, Sequence
 
 import flax
 import jax
@@ -17,10 +17,24 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from gr_jax import metrics as metrics_lib
 from gr_jax import partitioning
-from gr_jax.metrics import LastValue
-from gr_jax.models import EncoderDecoderModel
+from gr_jax.metrics import AnyMetric, LastValue
 
 Array = jax.Array
+
+
+class TrainableModel(Protocol):
+    """What the trainer needs of a model (an encoder-decoder, a dual encoder, GDR's, or a new family's)."""
+
+    def init(self, rng: Array, *, input_length: int, target_length: int) -> Mapping[str, Any]:
+        """Boxed variables ({"params": ...}) for inputs and targets of these lengths; the trainer traces it under
+        `jax.eval_shape` for shapes and shardings before it runs it."""
+        ...
+
+    def loss_fn(self, params: Any, batch: Mapping[str, Array], dropout_rng: Optional[Array]
+                ) -> tuple[Array, Mapping[str, AnyMetric]]:
+        """(the summed loss, its metrics: `gr_jax.metrics`, its 'loss' an `Average` whose count the gradients
+        are divided by); no dropout when `dropout_rng` is None."""
+        ...
 
 
 @flax.struct.dataclass
@@ -35,12 +49,12 @@ class Trainer:
 
     Batches are global int32 arrays [batch_size, length] (seqio EncDecFeatureConverter features) split over the
     'data' mesh axis. With `num_microbatches > 1`, gradients are accumulated over equal slices of the batch and
-    normalised by the total number of target tokens (the summed loss weights), so without dropout the update equals
-    the single-batch one. With dropout it cannot: microbatch i draws its masks from fold_in(step key, i), so the
-    masks differ from the single batch's (same distribution, another draw).
+    normalised by the loss's total count (target tokens: the summed loss weights; or queries), so without dropout
+    the update equals the single-batch one. With dropout it cannot: microbatch i draws its masks from
+    fold_in(step key, i), so the masks differ from the single batch's (same distribution, another draw).
     """
 
-    def __init__(self, *, model: EncoderDecoderModel, optimizer: optax.GradientTransformation, mesh: Mesh,
+    def __init__(self, *, model: TrainableModel, optimizer: optax.GradientTransformation, mesh: Mesh,
                  input_length: int, target_length: int, batch_size: int, num_microbatches: int = 1,
                  learning_rate_fn: Optional[Callable[[Array], Array]] = None,
                  rules: Sequence[tuple[str, Any]] = partitioning.LOGICAL_AXIS_RULES):

@@ -12,7 +12,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import pathlib
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Optional, Protocol
@@ -31,6 +30,7 @@ from gr_jax.evaluation import write_trec_run
 from gr_jax.evaluator import RetrievalEvaluator
 from gr_jax.experiment import BuiltRun
 from gr_jax.retrievers import Retriever
+from gr_jax.run_dir import RunDir
 
 logger = logging.getLogger(__name__)
 
@@ -166,9 +166,6 @@ def restore_input(run: TrainingRun, batches: Iterator) -> None:
     checkpointer.restore_input_iterator(run.input_checkpoint, input_iterator=batches)
 
 
-EXAMPLES_RECORD = "train_examples-{process}-of-{count}.jsonl"
-
-
 def example_fingerprints(batch: Mapping[str, Any]) -> list[str]:
     """One short hash per row of a batch: every feature's bytes of that row (features in name order), so two runs
     trained on the same examples in the same order record the same strings."""
@@ -207,7 +204,7 @@ def training_loop(*, run: TrainingRun, state: Any, num_train_steps: int, actions
     run.batches = batches
     record = None
     if record_examples:
-        path = run.model_dir / EXAMPLES_RECORD.format(process=jax.process_index(), count=jax.process_count())
+        path = run.run_dir.examples_record(process=jax.process_index(), count=jax.process_count())
         record = open(path, "a+")
         if record.tell():
             record.seek(record.tell() - 1)
@@ -267,14 +264,14 @@ def train(*, experiment: RunExperiment, num_train_steps: int, checkpoint_every_s
     evaluations, e.g. from gin: `training.train.actions = [...]`). `record_examples` (off by default; gin:
     `training.train.record_examples = True`) writes each step's example fingerprints (see `training_loop`).
     """
-    model_dir = pathlib.Path(experiment.model_dir)
-    model_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = RunDir.of(experiment.model_dir)
+    run_dir.path.mkdir(parents=True, exist_ok=True)
     built = experiment.build(keep_checkpoints=keep_checkpoints)
     logger.info("model: %s, %d parameters", built.model.config, built.trainer.param_count())
     if gin_config_str and partitioning.is_primary_process():
-        (model_dir / "config.gin").write_text(gin_config_str)
+        run_dir.config.write_text(gin_config_str)
     state, start_batch, input_checkpoint = initial_state(built)
-    run = TrainingRun(built=built, writer=metric_writers.create_writer(model_dir),
+    run = TrainingRun(built=built, writer=metric_writers.create_writer(run_dir.path),
                       start_step=int(jax.device_get(state.step)), start_batch=start_batch,
                       input_checkpoint=input_checkpoint)
     if gin_config_str and run.start_step == 0:
@@ -284,7 +281,7 @@ def train(*, experiment: RunExperiment, num_train_steps: int, checkpoint_every_s
     _, report = training_loop(run=run, state=state, num_train_steps=num_train_steps, actions=all_actions,
                               report_every_steps=log_every_steps, progress=progress, record_examples=record_examples)
     if partitioning.is_primary_process():
-        (model_dir / "final_metrics.json").write_text(json.dumps(report, indent=1))
+        run_dir.final_metrics.write_text(json.dumps(report, indent=1))
     return report
 
 
@@ -296,8 +293,8 @@ def evaluate(*, experiment: RunExperiment, eval_config: EvalConfig = EvalConfig(
     split = split or experiment.dataset.eval_split
     metrics, run = eval_config.evaluator(built, split).evaluate(
         built.retriever(params, settings=eval_config, show_progress=progress, step=step))
-    model_dir = pathlib.Path(experiment.model_dir)
+    run_dir = RunDir.of(experiment.model_dir)
     if partitioning.is_primary_process():
-        write_trec_run(model_dir / f"run.{split}.{step}.trec", run, tag=f"gr_jax-{step}")
-        (model_dir / f"eval.{split}.{step}.json").write_text(json.dumps(metrics, indent=1))
+        write_trec_run(run_dir.trec_run(split, step), run, tag=f"gr_jax-{step}")
+        run_dir.eval_metrics(split, step).write_text(json.dumps(metrics, indent=1))
     return metrics

@@ -144,6 +144,12 @@ class HostSentencePieceVocabulary:
         return self.tokenizer.DecodeIds(clean)
 
 
+def vocabulary_file(data: Any) -> pathlib.Path:
+    """The SentencePiece model of a run's data (anything with `data_dir` and `vocabulary_path`): `vocabulary_path`,
+    else `{data_dir}/spm.model`."""
+    return pathlib.Path(data.vocabulary_path or pathlib.Path(data.data_dir) / MODEL_FILENAME)
+
+
 def load_vocabulary(path: PathLike) -> "seqio.SentencePieceVocabulary | HostSentencePieceVocabulary":
     """Loads a vocabulary trained by `train_sentencepiece` (a `spm.model` file, or the data dir holding it).
 

@@ -1,4 +1,5 @@
-"""Start a run from another gr_jax run's parameters: continued pretraining on the corpus, then indexing from it.
+"""Start a run from another gr_jax run's parameters (continued pretraining on the corpus, then indexing from it) or
+from a Hugging Face T5.1.1 checkpoint (`initialize_from_pretrained`, read by `gr_jax.pretrained`).
 
 Why: the study starts every run from pretrained T5; without those weights (offline, as here) the closest stand-in
 is T5's own span corruption objective on the corpus text (`tasks` row 'span_corruption'), after which the
@@ -18,7 +19,6 @@ import dataclasses
 import functools
 import logging
 import os
-import pathlib
 import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Optional
@@ -29,24 +29,19 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec, Sharding
 
-from gr_jax.checkpoints import Checkpointer, path_str
 from gr_jax import heads
 from gr_jax import layer_layout
+from gr_jax import pretrained
+from gr_jax.checkpoints import Checkpointer
 from gr_jax.network import T5Config
+from gr_jax.partitioning import path_str
 from gr_jax.pretrained import mix_vocabulary_rows
+from gr_jax.run_dir import RunDir
 
 if TYPE_CHECKING:
     from gr_jax.trainer import Trainer, TrainState
 
 logger = logging.getLogger(__name__)
-
-CHECKPOINTS_SUBDIR = "checkpoints"
-
-
-def is_run_dir(path: str | os.PathLike) -> bool:
-    """Whether `path` is a gr_jax model dir (it has a checkpoints/ subdir) rather than a Hugging Face dir."""
-    return (pathlib.Path(path) / CHECKPOINTS_SUBDIR).is_dir()
-
 
 def _vocabulary_grows(ours: tuple[int, ...], saved: tuple[int, ...], vocab_axis: int | None) -> bool:
     """Whether only the vocabulary axis differs, and ours is the larger (a smaller one would drop trained rows)."""
@@ -75,7 +70,7 @@ def params_from_run(*, model_dir: str | os.PathLike, fresh_params: Any, sharding
       stacks are in the other layout (`T5Config.scan_layers`) is read in its layout and converted
       (`gr_jax.layer_layout`).
     """
-    directory = pathlib.Path(model_dir) / CHECKPOINTS_SUBDIR
+    directory = RunDir.of(model_dir).checkpoints
     checkpointer = Checkpointer(directory, asynchronous=False)
     our_shardings = None  # set when the source's layer layout differs from ours
     try:
@@ -157,3 +152,16 @@ def initialize_from_run(*, state: "TrainState", trainer: "Trainer", model_dir: s
                              shardings=trainer.state_shardings.params, vocab_axes=vocabulary_axes(boxed),
                              config=trainer.model.config)
     return state.replace(params=jax.tree_util.tree_map(jnp.asarray, params))
+
+
+def initialize_from_pretrained(*, state: "TrainState", trainer: "Trainer", checkpoint_dir: str | os.PathLike,
+                               fresh_patterns: Sequence[str] = ()) -> "TrainState":
+    """A freshly initialised train state with its params replaced by the checkpoint's (on the trainer's shardings).
+
+    Call once, before step 0, when there is no checkpoint of the run to resume from. The optimizer state is kept:
+    Adafactor's and Adam's initial statistics do not depend on the parameter values.
+    """
+    params = pretrained.load_pretrained_params(checkpoint_dir=checkpoint_dir, config=trainer.model.config,
+                                               fresh_params=state.params,
+                                               shardings=trainer.state_shardings.params, fresh_patterns=fresh_patterns)
+    return state.replace(params=params)

@@ -31,6 +31,7 @@ import seqio
 import tensorflow as tf
 
 from gr_jax.data import preprocessors
+from gr_jax.data.pairs import labeled_queries
 from gr_jax.data.readers import RetrievalDataset, open_dataset
 from gr_jax.vocabulary import MODEL_FILENAME, load_vocabulary
 from gr_jax.tasks import sources
@@ -67,7 +68,7 @@ def document_query_pairs(
     """Resolves `{seqio split: reader split}` into (document, query) pairs with one pass over the collection.
 
     'train' gets every relevant pair, other splits the first relevant document per query (see
-    `tasks.sources.labeled_queries`, which also counts qrels naming unknown documents in a warning). Only the
+    `gr_jax.data.pairs.labeled_queries`, which also counts qrels naming unknown documents in a warning). Only the
     texts of judged documents are kept in memory (MS MARCO: ~0.5M of the 8.8M passages).
     """
     wanted = {docid for split in reader_splits.values() for judged in dataset.qrels(split).values()
@@ -75,8 +76,8 @@ def document_query_pairs(
     texts = {docid: text for docid, text in dataset.collection() if docid in wanted}
     pairs = {}
     for seqio_split, reader_split in reader_splits.items():
-        labeled = sources.labeled_queries(dataset=dataset, split=reader_split, known_docids=texts.keys(),
-                                          first_relevant_only=seqio_split != sources.TRAIN)
+        labeled = labeled_queries(dataset=dataset, split=reader_split, known_docids=texts.keys(),
+                                  first_relevant_only=seqio_split != sources.TRAIN)
         pairs[seqio_split] = DocumentQueryPairs(qids=labeled.qids, docids=labeled.docids,
                                                 documents=tuple(texts[docid] for docid in labeled.docids),
                                                 queries=labeled.texts)

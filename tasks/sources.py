@@ -18,15 +18,15 @@ Order is the files' order; shuffling is the Task's job (`shuffle_buffer_size`).
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import pathlib
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import seqio
 import tensorflow as tf
 
 from gr_jax.data import d2q
+from gr_jax.data.pairs import LabeledQueries, known_qrels_docids, labeled_queries
 from gr_jax.data.readers import RetrievalDataset
 from gr_jax.docids import DocidTable
 from gr_jax.tasks.options import RepresentationOptions
@@ -68,73 +68,6 @@ def documents_source(
 
     return _streamed_train_source(chunks, signature={"docid": _STRINGS, "inputs": _STRINGS},
                                   num_examples=len(table))
-
-
-@dataclasses.dataclass(frozen=True)
-class LabeledQueries:
-    """Resolved (query, relevant docid) examples of one split, in file order: three aligned tuples."""
-
-    qids: tuple[str, ...]
-    texts: tuple[str, ...]
-    docids: tuple[str, ...]
-
-    def __len__(self) -> int:
-        return len(self.qids)
-
-
-def labeled_queries(
-        *,
-        dataset: RetrievalDataset,
-        split: str,
-        known_docids: Collection[str],
-        first_relevant_only: bool,
-) -> LabeledQueries:
-    """Pairs each query of reader split `split` with its relevant documents (relevance > 0).
-
-    `first_relevant_only=False` gives one example per relevant (query, document) pair (training);
-    `True` gives one per query, the first relevant document in qrels order that the collection holds
-    (a single target, enough for an eval loss). Judgements naming unknown documents, queries without a
-    usable judgement and qrels naming queries absent from the queries file are each counted in a warning.
-    """
-    qrels = dataset.qrels(split)
-    qids, texts, docids = [], [], []
-    seen_qids: set[str] = set()
-    unknown_pairs = unjudged = without_known = 0
-    for qid, text in dataset.queries(split):
-        seen_qids.add(qid)
-        relevant = [docid for docid, relevance in qrels.get(qid, {}).items() if relevance > 0]
-        if not relevant:
-            unjudged += 1
-            continue
-        known = [docid for docid in relevant if docid in known_docids]
-        unknown_pairs += len(relevant) - len(known)
-        if not known:
-            without_known += 1
-            continue
-        for docid in known[:1] if first_relevant_only else known:
-            qids.append(qid)
-            texts.append(text)
-            docids.append(docid)
-    missing_queries = len(set(qrels) - seen_qids)
-    where = f"{dataset.data_dir} split {split!r}"
-    if unknown_pairs:
-        logger.warning("%s: %d qrels name unknown documents (not in the collection); left out", where,
-                       unknown_pairs)
-    if without_known:
-        logger.warning("%s: %d queries have no relevant document in the collection; left out", where,
-                       without_known)
-    if missing_queries:
-        logger.warning("%s: %d queries named in the qrels are missing from the queries file", where,
-                       missing_queries)
-    if unjudged:
-        logger.info("%s: %d queries have no relevant judgement (no example)", where, unjudged)
-    return LabeledQueries(qids=tuple(qids), texts=tuple(texts), docids=tuple(docids))
-
-
-def known_qrels_docids(*, dataset: RetrievalDataset, splits: Collection[str], docids: Collection[str]) -> set[str]:
-    """The docids named by the qrels of `splits` that are in `docids` (a scan; no set of all docids is built)."""
-    named = {docid for split in splits for judged in dataset.qrels(split).values() for docid in judged}
-    return {docid for docid in docids if docid in named}
 
 
 def labeled_queries_source(

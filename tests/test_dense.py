@@ -19,7 +19,8 @@ from gr_jax.data.readers import DataFormatError, open_dataset
 from gr_jax.dense import data as dense_data
 from gr_jax.dense import index as index_lib
 from gr_jax.dense.losses import SampledSoftmax
-from gr_jax.dense.model import DOCUMENT, QUERY, DualEncoderConfig, DualEncoderModel, scores
+from gr_jax.dense.model import DOCUMENT, QUERY, DualEncoderConfig, DualEncoderModel
+from gr_jax.dense.similarity import scores
 from gr_jax.dense.towers import T5EncoderTower, Tokens
 from gr_jax.evaluation import brier_score
 from gr_jax.trainer import Trainer
@@ -409,7 +410,7 @@ def test_t5_tower_loads_only_the_encoder_of_a_hugging_face_checkpoint(tmp_path):
     """The tower's parameters are the checkpoint's encoder tensors, as the full model's loader maps them."""
     from test_pretrained import hf_config, hf_weights, our_config, write_checkpoint
     from gr_jax import pretrained
-    from gr_jax.checkpoints import path_str
+    from gr_jax.partitioning import path_str
     from gr_jax.models import EncoderDecoderModel
     write_checkpoint(tmp_path, hf_weights(seed=3), hf_config())
     config = our_config()

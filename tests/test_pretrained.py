@@ -24,10 +24,10 @@ from gr_jax import network
 from gr_jax import optimizers
 from gr_jax import partitioning
 from gr_jax import pretrained
-from gr_jax.checkpoints import path_str
+from gr_jax import warm_start
 from gr_jax.data.readers import DataFormatError
 from gr_jax.models import EncoderDecoderModel
-from gr_jax.partitioning import strip_boxes
+from gr_jax.partitioning import path_str, strip_boxes
 from gr_jax.trainer import Trainer
 
 D_MODEL, D_KV, HEADS, D_FF, ENC_LAYERS, DEC_LAYERS, VOCAB = 16, 3, 8, 32, 2, 3, 128
@@ -575,7 +575,7 @@ def test_initialize_from_pretrained_gives_a_trainable_state(tmp_path, mesh):
     trainer = Trainer(model=EncoderDecoderModel(config=config),
                       optimizer=optimizers.make_optimizer(name="adafactor", learning_rate=1e-3), mesh=mesh,
                       input_length=ENC_LEN, target_length=DEC_LEN, batch_size=4)
-    state = pretrained.initialize_from_pretrained(state=trainer.init_state(jax.random.PRNGKey(0)), trainer=trainer,
+    state = warm_start.initialize_from_pretrained(state=trainer.init_state(jax.random.PRNGKey(0)), trainer=trainer,
                                                   checkpoint_dir=directory)
     np.testing.assert_array_equal(np.asarray(state.params["encoder_layers_0"]["attention"]["value"]),
                                   weights["encoder.block.0.layer.0.SelfAttention.v.weight"].T.reshape(

@@ -15,7 +15,8 @@ from gr_jax.data.examples import ExampleBatches
 from gr_jax.data.readers import DataFormatError, open_dataset
 from gr_jax.docids import DocidSpace
 from gr_jax.docids.table import DocidTable
-from gr_jax.models import SOFT_TARGET_MASS, SOFT_TARGET_TOKENS, EncoderDecoderModel
+from gr_jax.data.features import SOFT_TARGET_MASS, SOFT_TARGET_TOKENS
+from gr_jax.models import EncoderDecoderModel
 from gr_jax.ranking.data import RankedListData, TrieTargets, ranked_list_examples, ranked_lists
 from gr_jax.ranking.evaluation import ranking_candidates, ranking_metrics
 from gr_jax.ranking.targets import Fractional, Stepwise, trie_targets

@@ -19,9 +19,11 @@ from gr_jax import optimizers
 from gr_jax import partitioning
 from gr_jax import pretrained
 from gr_jax import warm_start
-from gr_jax.checkpoints import Checkpointer, path_str
+from gr_jax.checkpoints import Checkpointer
 from gr_jax.docids.trie import Trie
 from gr_jax.models import EncoderDecoderModel
+from gr_jax.partitioning import path_str
+from gr_jax.run_dir import RunDir
 from gr_jax.tools.bench.train_step import random_batch
 from gr_jax.trainer import Trainer, TrainState
 
@@ -357,7 +359,7 @@ def test_warm_start_reads_a_run_of_the_other_layout(tmp_path, source_scanned):
     source_config = dataclasses.replace(config, scan_layers=source_scanned)
     target_config = dataclasses.replace(config, scan_layers=not source_scanned)
     saved = init(config)
-    with Checkpointer(tmp_path / "run" / warm_start.CHECKPOINTS_SUBDIR, asynchronous=False) as checkpointer:
+    with Checkpointer(RunDir.of(tmp_path / "run").checkpoints, asynchronous=False) as checkpointer:
         checkpointer.save(5, state={"params": layer_layout.convert_layers(saved, config=source_config)},
                           input_state={})
     boxed = init(target_config, boxed=True, abstract=True)

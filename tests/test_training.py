@@ -20,6 +20,7 @@ from gr_jax import optimizers
 from gr_jax import partitioning
 from gr_jax import training
 from gr_jax.models import EncoderDecoderModel
+from gr_jax.run_dir import RunDir
 from gr_jax.trainer import Trainer
 from gr_jax.vocabulary import train_sentencepiece
 from gr_jax.tools.bench.train_step import random_batch
@@ -312,7 +313,7 @@ def test_docid_head_range_is_filled_from_the_docid_table(data_dir, tmp_path, hea
 
 def test_indexing_run_starts_from_a_continued_pretraining_run(data_dir, tmp_path):
     from gr_jax import warm_start
-    from gr_jax.checkpoints import path_str
+    from gr_jax.partitioning import path_str
     # The span corruption run's checkpoint (its data is checked in test_tasks; training it adds nothing here).
     pretrain = _experiment(data_dir, tmp_path / "pt")
     pretrain = dataclasses.replace(pretrain, dataset=dataclasses.replace(pretrain.dataset, row="span_corruption"))
@@ -321,7 +322,7 @@ def test_indexing_run_starts_from_a_continued_pretraining_run(data_dir, tmp_path
                             input_state={"batches_consumed": 3, "seed": 0})
     built.checkpointer.wait_until_finished()
     source = {path_str(p): x for p, x in jax.tree_util.tree_leaves_with_path(jax.device_get(built.restore()[0].params))}
-    assert warm_start.is_run_dir(tmp_path / "pt") and not warm_start.is_run_dir(data_dir)  # vs a Hugging Face dir
+    assert RunDir.of(tmp_path / "pt").is_run() and not RunDir.of(data_dir).is_run()  # vs a Hugging Face dir
 
     def started(experiment):
         built = experiment.build()

@@ -12,6 +12,8 @@ import argparse
 import json
 import pathlib
 
+from gr_jax.run_dir import RunDir
+
 COLUMNS = (("MRR@10", "MRR@10"), ("R@1", "Recall@1"), ("R@10", "Recall@10"), ("R@100", "Recall@100"))
 
 
@@ -46,7 +48,7 @@ def main(argv=None) -> None:
     parser.add_argument("--dense", default=None, help="a dense run's metrics (gr_jax.eval's line)")
     parser.add_argument("--gdr", default=None, help="a GDR run's metrics (its final_metrics.json)")
     args = parser.parse_args(argv)
-    model = read_metrics(pathlib.Path(args.model_dir) / "final_metrics.json")
+    model = read_metrics(RunDir.of(args.model_dir).final_metrics)
     rows = [("BM25 (bm25s, k1 0.82, b 0.68)", read_metrics(args.bm25))]
     if args.dense:
         rows.append(("all-MiniLM-L6-v2 zero-shot (dense)", read_metrics(args.dense)))

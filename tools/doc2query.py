@@ -41,6 +41,7 @@ from gr_jax import gin_utils
 from gr_jax import partitioning
 from gr_jax.data.readers import DataFormatError, open_dataset, read_lines
 from gr_jax.experiment import Built, Doc2QueryData, Experiment
+from gr_jax.run_dir import RunDir
 from gr_jax.vocabulary import EOS_ID, encode_inputs
 
 logger = logging.getLogger(__name__)
@@ -106,7 +107,7 @@ def train_main(argv: Sequence[str]) -> dict[str, Any]:
     experiment = gin.get_configurable(Experiment)()
     validation = validation_loss(experiment=experiment)
     if validation:
-        path = pathlib.Path(experiment.model_dir) / f"eval.doc2query.validation.{validation['step']}.json"
+        path = RunDir.of(experiment.model_dir).doc2query_validation(validation["step"])
         path.write_text(json.dumps(validation, indent=1))
     summary = {"model_dir": experiment.model_dir, **final, **{f"validation/{k}": v for k, v in validation.items()}}
     print(json.dumps(summary), flush=True)
@@ -214,7 +215,7 @@ def restore_sampler(*, model_dir: str | os.PathLike, num_queries: int, documents
                                f"train --data_dir DIR --model_dir {model_dir})")
     experiment = gin.get_configurable(Experiment)()
     if not isinstance(experiment.dataset, Doc2QueryData):
-        raise ValueError(f"{pathlib.Path(model_dir) / 'config.gin'} trains {experiment.dataset.mixture_name!r}, not a "
+        raise ValueError(f"{RunDir.of(model_dir).config} trains {experiment.dataset.mixture_name!r}, not a "
                          f"doc2query task: {model_dir} is a retrieval model")
     built = experiment.build()
     params, checkpoint_step = built.restore_params(step)

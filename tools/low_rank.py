@@ -15,21 +15,20 @@ from __future__ import annotations
 
 import argparse
 import pathlib
-import re
 from collections.abc import Sequence
 from typing import Optional
 
 import numpy as np
 
 from gr_jax.entry_point import run_tool
+from gr_jax.run_dir import RunDir
 
 
 def latest_run(model_dir: str, split: str) -> pathlib.Path:
-    runs = sorted(pathlib.Path(model_dir).glob(f"run.{split}.*.trec"),
-                  key=lambda p: int(re.fullmatch(rf"run\.{split}\.(\d+)\.trec", p.name).group(1)))
+    runs = RunDir.of(model_dir).trec_runs(split)
     if not runs:
         raise FileNotFoundError(f"{model_dir} has no run.{split}.*.trec: train (and evaluate) it first")
-    return runs[-1]
+    return list(runs.values())[-1]
 
 
 def report(*, data_dir: str, dense: dict[int, str], generative: Optional[str], split: str,

@@ -33,6 +33,7 @@ import numpy as np
 from gr_jax import entry_point
 from gr_jax import gin_utils
 from gr_jax.data.readers import open_dataset
+from gr_jax.run_dir import RunDir
 from gr_jax.tools import run_study
 
 logger = logging.getLogger(__name__)
@@ -83,8 +84,8 @@ class RankingStudy:
                 + [f"--gin_bindings={b}" for b in binds])
 
     def run_variant(self, variant: str) -> dict[str, Any]:
-        model_dir = self.out_dir / variant
-        final = model_dir / "final_metrics.json"
+        run_dir = RunDir.of(self.out_dir / variant)
+        final = run_dir.final_metrics
         if not final.is_file():
             if self.runner(self.train_command(variant), self.out_dir / f"{variant}.train.log", None) != 0:
                 reason = run_study.failure_reason(self.out_dir / f"{variant}.train.log", 1)
@@ -93,14 +94,14 @@ class RankingStudy:
         result = {"variant": variant, "label": VARIANTS[variant][0], "status": "done",
                   "retrieval": json.loads(final.read_text()), "ranking": {}}
         for split in self.splits:
-            cached = sorted(model_dir.glob(f"ranking.{split}.*.json"))
+            cached = sorted(run_dir.path.glob(f"ranking.{split}.*.json"))
             if not cached:
-                argv = [self.python, "-m", "gr_jax.ranking_eval", f"--gin_file={model_dir / 'config.gin'}",
+                argv = [self.python, "-m", "gr_jax.ranking_eval", f"--gin_file={run_dir.config}",
                         f"--gin_bindings=RANKING_SPLIT = {split!r}"]
                 if self.runner(argv, self.out_dir / f"{variant}.ranking.{split}.log", None) != 0:
                     logger.warning("ranking_eval of %s on %s failed", variant, split)
                     continue
-                cached = sorted(model_dir.glob(f"ranking.{split}.*.json"))
+                cached = sorted(run_dir.path.glob(f"ranking.{split}.*.json"))
             result["ranking"][split] = json.loads(cached[-1].read_text())
         return result
 

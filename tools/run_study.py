@@ -61,6 +61,7 @@ from gr_jax import entry_point
 from gr_jax import gin_utils
 from gr_jax.data import d2q
 from gr_jax.data.readers import open_dataset
+from gr_jax.run_dir import RunDir
 from gr_jax.tools.doc2query import default_dataset_name
 
 logger = logging.getLogger(__name__)
@@ -270,7 +271,7 @@ def _read_json(path: pathlib.Path) -> Optional[dict]:
 
 def _final_eval_metrics(model_dir: pathlib.Path) -> Optional[dict]:
     """The `eval/*` metrics of a training run's final_metrics.json, prefix stripped (None: none written)."""
-    final = _read_json(model_dir / "final_metrics.json")
+    final = _read_json(RunDir.of(model_dir).final_metrics)
     metrics = {k[len("eval/"):]: v for k, v in (final or {}).items() if k.startswith("eval/")}
     return metrics if "MRR@10" in metrics else None
 
@@ -424,7 +425,7 @@ class Study:
             ("vectors", [self.python, "-m", "gr_jax.tools.dense_index", "--model_dir", str(encoder_dir),
                          "--step", str(encoder_settings["steps"])]),
             ("clusters", [self.python, "-m", "gr_jax.tools.gdr_index", "build", "--index_dir",
-                          str(encoder_dir / "index" / str(encoder_settings["steps"])), "--branching", branching,
+                          str(RunDir.of(encoder_dir).index(encoder_settings["steps"])), "--branching", branching,
                           "--out_dir", str(clusters_dir)])]
         gin_files = [*system.gin_files, f"models/t5_1_1/{self.size}.gin"]
         bindings = [f"DATA_DIR = {str(dataset.data_dir)!r}", f"DATASET_NAME = {dataset.name!r}",
@@ -452,7 +453,7 @@ class Study:
             if model_dir.exists() and (saved or {}).get("settings") != settings:
                 logger.info("baseline %s: settings changed, clearing %s", system, model_dir)
                 shutil.rmtree(model_dir)
-            (model_dir / "final_metrics.json").unlink(missing_ok=True)  # Only this run's metrics count.
+            RunDir.of(model_dir).final_metrics.unlink(missing_ok=True)  # Only this run's metrics count.
         result = {"label": label, "split": self.split, "settings": settings}
         _write_json(out / f"{system}.json", {**result, "status": "running"})  # Which settings model_dir holds.
         start = time.perf_counter()
@@ -471,7 +472,7 @@ class Study:
         if found is None:
             result.update(status="failed", reason=failure_reason(log, returncode) if returncode else
                           f"no metrics in {log}" if model_dir is None else
-                          f"training ended without retrieval metrics in {model_dir / 'final_metrics.json'}")
+                          f"training ended without retrieval metrics in {RunDir.of(model_dir).final_metrics}")
         else:
             result.update(status="ok", metrics={k: v for k, v in found.items() if k not in ("system", "split")})
         _write_json(out / f"{system}.json", result)
@@ -496,7 +497,7 @@ class Study:
                   "mixture_row": cell.row.row.mixture_row, "scheme": cell.scheme, "steps": self.steps,
                   "settings": self.settings(), "model_dir": str(cell_dir), "log": str(cell_dir / "train.log")}
         saved = _read_json(cell_dir / "cell.json")
-        if saved and saved.get("settings") != record["settings"] and any((cell_dir / "checkpoints").glob("*")):
+        if saved and saved.get("settings") != record["settings"] and any(RunDir.of(cell_dir).checkpoints.glob("*")):
             return {**record, "status": "failed", "reason": (
                 f"{cell_dir} holds a run with other settings ({saved.get('settings')}); use another --out_dir")}
         if saved and saved.get("status") == "ok" and saved.get("steps") == self.steps:
@@ -518,17 +519,17 @@ class Study:
                                                             f"{gin_utils.GIN_CONFIGS_DIR}"}
 
         cell_dir.mkdir(parents=True, exist_ok=True)
-        (cell_dir / "final_metrics.json").unlink(missing_ok=True)  # Only this run's metrics count.
+        RunDir.of(cell_dir).final_metrics.unlink(missing_ok=True)  # Only this run's metrics count.
         start = time.perf_counter()
         returncode = self.runner(self.train_command(cell), cell_dir / "train.log", self.cell_timeout)
         record["seconds"] = time.perf_counter() - start
-        final = _read_json(cell_dir / "final_metrics.json") if returncode == 0 else None
+        final = _read_json(RunDir.of(cell_dir).final_metrics) if returncode == 0 else None
         metrics = {k[len("eval/"):]: v for k, v in (final or {}).items() if k.startswith("eval/")}
         if returncode != 0:
             record.update(status="failed", reason=failure_reason(cell_dir / "train.log", returncode))
         elif "MRR@10" not in metrics:
             record.update(status="failed", reason=f"training ended without retrieval metrics in "
-                                                  f"{cell_dir / 'final_metrics.json'}")
+                                                  f"{RunDir.of(cell_dir).final_metrics}")
         else:
             record.update(status="ok", metrics=metrics,
                           train={k: v for k, v in final.items() if k.startswith("train/")})

@@ -42,6 +42,7 @@ import numpy as np
 
 from gr_jax import entry_point
 from gr_jax import gin_utils
+from gr_jax.run_dir import RunDir
 from gr_jax.tools import run_study
 from gr_jax.tools.train_fraction import write_fraction
 
@@ -149,31 +150,31 @@ class ScalingStudy:
 
     def cgl(self, cell: dict[str, Any]) -> Optional[dict[str, Any]]:
         """The cell's CGL (`python -m gr_jax.cgl`), reused when measured with the same settings."""
-        model_dir = pathlib.Path(cell["model_dir"])
-        path = model_dir / f"cgl.{self.split}.{cell['steps']}.json"
+        run_dir = RunDir.of(cell["model_dir"])
+        path = run_dir.cgl(self.split, cell["steps"])
         saved = run_study._read_json(path)
         if saved and saved.get("settings", {}).get("num_negatives") == self.cgl_negatives:
             return saved
-        argv = [self.python, "-m", "gr_jax.cgl", f"--gin_file={model_dir / 'config.gin'}",
+        argv = [self.python, "-m", "gr_jax.cgl", f"--gin_file={run_dir.config}",
                 f"--gin_bindings=CGL_SPLIT = {self.split!r}", f"--gin_bindings=CGL_NEGATIVES = {self.cgl_negatives}",
                 f"--gin_bindings=CGL_STEP = {cell['steps']}"]
-        log = model_dir / "cgl.log"
+        log = run_dir.path / "cgl.log"
         if self.runner(argv, log, None) != 0:
-            logger.warning("CGL of %s failed: %s", model_dir, run_study.failure_reason(log, 1))
+            logger.warning("CGL of %s failed: %s", run_dir.path, run_study.failure_reason(log, 1))
             return None
         return run_study._read_json(path)
 
     def beam_sweep(self, cell: dict[str, Any]) -> list[dict[str, Any]]:
         """MR@k and FLOPs per query of the cell at each beam size (`gr_jax.eval`, one process per beam size)."""
-        model_dir = pathlib.Path(cell["model_dir"])
+        run_dir = RunDir.of(cell["model_dir"])
         points = []
         for beams in self.beams:
-            argv = [self.python, "-m", "gr_jax.eval", f"--gin_file={model_dir / 'config.gin'}",
+            argv = [self.python, "-m", "gr_jax.eval", f"--gin_file={run_dir.config}",
                     f"--gin_bindings=EVAL_SPLIT = {self.split!r}",
                     f"--gin_bindings=training.EvalConfig.num_beams = {beams}",
                     f"--gin_bindings=training.EvalConfig.ranking_depth = {beams}",
                     f"--gin_bindings=training.evaluate.step = {cell['steps']}"]
-            log = model_dir / f"beams.{beams}.log"
+            log = run_dir.path / f"beams.{beams}.log"
             metrics = run_study._last_json_line(log) if log.is_file() else None
             if metrics is None:
                 if self.runner(argv, log, None) != 0:
@@ -182,7 +183,7 @@ class ScalingStudy:
                 metrics = run_study._last_json_line(log)
             if metrics is None:
                 continue
-            points.append({"beams": beams, "flops": float(self.flops(model_dir, beams)),
+            points.append({"beams": beams, "flops": float(self.flops(run_dir.path, beams)),
                            **{f"MR@{k}": 1.0 - metrics[f"Recall@{k}"] for k in MISS_RATE_KS},
                            "MRR@10": metrics["MRR@10"]})
         return points

@@ -2,14 +2,14 @@
 
 Why not seqio: these examples carry what seqio's EncDecFeatureConverter drops (per-example loss weights, soft targets
 of shape [target_length, K]) or are sampled from structures of their own (ranked lists, document spans). Batches are
-a pure function of (seed, batch index) (`gr_jax.dense.data.SeededEpochs`): resuming at any step costs nothing, and
+a pure function of (seed, batch index) (`gr_jax.data.batches`): resuming at any step costs nothing, and
 every host computes the same global batch and keeps its own rows.
 
 Features: encoder_input_tokens int32[b, input_length]; decoder_target_tokens and decoder_input_tokens
 int32[b, target_length] (targets shifted right, start 0, as seqio's EncDecFeatureConverter); decoder_loss_weights
 float32[b, target_length] = the example's weight on its target tokens (EOS included), 0 on padding; with soft
 targets, decoder_soft_target_tokens int32 / decoder_soft_target_mass float32 [b, target_length, K]
-(`gr_jax.models`).
+(`gr_jax.data.features`).
 """
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ from typing import Any, Optional
 
 import numpy as np
 
-from gr_jax.dense.data import SeededEpochs, sharded_batches
-from gr_jax.models import SOFT_TARGET_MASS, SOFT_TARGET_TOKENS
-from gr_jax.vocabulary import PAD_ID, load_vocabulary
+from gr_jax.data.batches import SeededEpochs, sharded_batches
+from gr_jax.data.features import SOFT_TARGET_MASS, SOFT_TARGET_TOKENS
+from gr_jax.vocabulary import PAD_ID, load_vocabulary, vocabulary_file
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +82,6 @@ class HostExamplesData:
 
     def train_batches(self, *, docid_space: Any, batch_size: int, seed: int, start_batch: int, shard_index: int,
                       num_shards: int) -> Iterator[dict[str, np.ndarray]]:
-        from gr_jax.experiment import vocabulary_file
         examples = self.examples(docid_space=docid_space, vocabulary=load_vocabulary(vocabulary_file(self)))
         logger.info("%s: %d examples (summed weight %.1f)", self.mixture_name, len(examples),
                     float(examples.weights.sum()))

@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import queue
-import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Optional
 
 import numpy as np
 
+from gr_jax.data.batches import SeededEpochs, sharded_batches
+from gr_jax.data.pairs import labeled_queries
 from gr_jax.data.readers import DataFormatError, DocumentLookup, RetrievalDataset, open_dataset
 from gr_jax.dense.towers import Tokenizer
 
@@ -136,8 +136,7 @@ class TrainingPairs:
 
 def training_pairs(*, data: DenseData, corpus: CorpusDocuments) -> TrainingPairs:
     """Reads the training split's queries and qrels (and the negatives run); counts what cannot be used in warnings
-    (`gr_jax.tasks.sources.labeled_queries`)."""
-    from gr_jax.tasks.sources import labeled_queries  # the same pairs the generative tasks train on
+    (`gr_jax.data.pairs.labeled_queries`: the same pairs the generative tasks train on)."""
     labeled = labeled_queries(dataset=corpus.dataset, split=data.train_split, known_docids=corpus,
                               first_relevant_only=False)
     if not len(labeled):
@@ -176,41 +175,6 @@ def training_pairs(*, data: DenseData, corpus: CorpusDocuments) -> TrainingPairs
                            data.negatives_run, unranked, len(texts))
     return TrainingPairs(query_texts=tuple(texts), pair_query=pair_query, pair_document=pair_document,
                          positives=tuple(frozenset(p) for p in positives), mined=mined)
-
-
-class SeededEpochs:
-    """The examples of global batch b of an endless sequence of epochs, each a permutation of `num_examples`
-    seeded by (seed, epoch): batch b holds examples b*B .. b*B + B - 1, so any batch is computed without the ones
-    before it (exact resume, every host the same global batch)."""
-
-    def __init__(self, *, num_examples: int, batch_size: int, seed: int):
-        self.num_examples = num_examples
-        self.batch_size = batch_size
-        self.seed = seed
-        self._epoch_order: tuple[int, np.ndarray] = (-1, np.zeros(0, np.int64))
-
-    def _order(self, epoch: int) -> np.ndarray:
-        if self._epoch_order[0] != epoch:
-            self._epoch_order = (epoch, np.random.default_rng([self.seed, epoch]).permutation(self.num_examples))
-        return self._epoch_order[1]
-
-    def indices(self, batch: int) -> np.ndarray:
-        """int64[batch_size]: the examples of global batch `batch`."""
-        positions = np.arange(batch * self.batch_size, (batch + 1) * self.batch_size)
-        epochs, within = np.divmod(positions, self.num_examples)
-        return np.array([self._order(int(e))[int(w)] for e, w in zip(epochs, within)], np.int64)
-
-
-def sharded_batches(batch: Callable[..., dict], *, batch_size: int, start_batch: int, shard_index: int,
-                    num_shards: int, prefetch: int) -> Iterator[dict]:
-    """`batch(b, shard_index=..., num_shards=...)` for b = start_batch, start_batch + 1, ..., made `prefetch` ahead
-    on a background thread (tokenisation and file reads release the GIL)."""
-    if batch_size % num_shards:
-        raise ValueError(f"the global batch_size={batch_size} must be a multiple of num_shards={num_shards}")
-    if start_batch < 0:
-        raise ValueError(f"start_batch must be >= 0, got {start_batch}")
-    return _prefetched((batch(b, shard_index=shard_index, num_shards=num_shards) for b in _count(start_batch)),
-                       size=prefetch)
 
 
 class BatchSource:
@@ -291,45 +255,6 @@ class BatchSource:
         while the devices train on this one."""
         return sharded_batches(self.batch, batch_size=self.batch_size, start_batch=start_batch,
                                shard_index=shard_index, num_shards=num_shards, prefetch=prefetch)
-
-
-def _count(start: int) -> Iterator[int]:
-    while True:
-        yield start
-        start += 1
-
-
-def _prefetched(items: Iterator, *, size: int) -> Iterator:
-    """`items` produced up to `size` ahead on a daemon thread; an exception there is raised here."""
-    if size < 1:
-        yield from items
-        return
-    buffer: queue.Queue = queue.Queue(maxsize=size)
-    stop = threading.Event()
-
-    def produce():
-        try:
-            for item in items:
-                while not stop.is_set():
-                    try:
-                        buffer.put((True, item), timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
-                    return
-        except BaseException as e:  # noqa: BLE001 - handed to the consumer
-            buffer.put((False, e))
-
-    threading.Thread(target=produce, daemon=True).start()
-    try:
-        while True:
-            ok, item = buffer.get()
-            if not ok:
-                raise item
-            yield item
-    finally:
-        stop.set()
 
 
 def open_training_data(*, data: DenseData, tokenizer: Tokenizer, batch_size: int, seed: int) -> BatchSource:

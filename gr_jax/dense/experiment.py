@@ -27,6 +27,7 @@ from gr_jax.dense.index import IndexConfig
 from gr_jax.dense.model import DualEncoderConfig, DualEncoderModel
 from gr_jax.experiment import RetrievalSettings, SampledBatchesRun, training_parts
 from gr_jax.retrievers.dense import DenseRetriever
+from gr_jax.run_dir import RunDir
 from gr_jax.trainer import Trainer
 
 
@@ -97,7 +98,7 @@ class DenseBuilt(SampledBatchesRun):
         """The dual encoder with `params` as a retriever (`settings`: batch_size; its depth is the evaluator's k).
         With `step` (the checkpoint the params come from) its corpus index lives in `model_dir/index/{step}`, read
         when it is there and written when it is not; without, it is built in memory when first needed."""
-        index_dir = None if step is None else pathlib.Path(self.experiment.model_dir) / "index" / str(step)
+        index_dir = None if step is None else RunDir.of(self.experiment.model_dir).index(step)
         return DenseRetriever(model=self.model, params=params, tokenizer=self.tokenizer, corpus=self.corpus,
                               input_length=self.experiment.dataset.input_length,
                               target_length=self.experiment.dataset.target_length, mesh=self.mesh,

@@ -40,6 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gr_jax.data.readers import DataFormatError
+from gr_jax.dense.similarity import scores
 
 logger = logging.getLogger(__name__)
 
@@ -116,13 +117,11 @@ def ann_recall(index: Any, exact: Any, queries: np.ndarray, *, k: int) -> float:
 
 @jax.jit
 def _chunk_log_sum_exp(queries: jax.Array, documents: jax.Array, temperature: float) -> jax.Array:
-    from gr_jax.dense.model import scores
     return jax.nn.logsumexp(scores(queries, documents) / temperature, axis=-1)
 
 
 @jax.jit
 def _chunk_top_k(queries, documents, k_carry_scores, k_carry_rows, offset):
-    from gr_jax.dense.model import scores
     chunk = scores(queries, documents)
     rows = offset + jnp.arange(chunk.shape[1])[None, :]
     all_scores = jnp.concatenate([k_carry_scores, chunk], axis=1)

@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from gr_jax.dense import losses as dense_losses
+from gr_jax.dense.similarity import scores
 from gr_jax.dense.towers import Tower
 from gr_jax.encoders.minilm import l2_normalize, mean_pool
 
@@ -121,15 +122,6 @@ class DualEncoderNetwork(nn.Module):
     def __call__(self, query_ids, query_mask, document_ids, document_mask, *, deterministic: bool = True):
         return (self.encode(query_ids, query_mask, side=QUERY, deterministic=deterministic),
                 self.encode(document_ids, document_mask, side=DOCUMENT, deterministic=deterministic))
-
-
-def scores(queries: Array, documents: Array) -> Array:
-    """S for every (query, document) pair: single vectors [nq, d] x [nd, d] -> [nq, nd]; multi-vector
-    [nq, lq, d] x [nd, ld, d] -> [nq, nd], MaxSim (padding vectors are zero, and a zero query vector adds 0)."""
-    if queries.ndim == 2:
-        return queries @ documents.T
-    similarity = jnp.einsum("qid,njd->qnij", queries, documents)
-    return similarity.max(axis=-1).sum(axis=-1)
 
 
 def _replicated(x: Array) -> Array:

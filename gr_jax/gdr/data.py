@@ -34,8 +34,10 @@ from typing import Optional
 
 import numpy as np
 
+from gr_jax.data.batches import SeededEpochs, sharded_batches
+from gr_jax.data.pairs import labeled_queries
 from gr_jax.data.readers import DocumentLookup, open_dataset
-from gr_jax.dense.data import SeededEpochs, sharded_batches
+from gr_jax.dense.data import CorpusDocuments
 from gr_jax.dense.towers import Tokenizer
 from gr_jax.gdr import index as gdr_index
 from gr_jax.gdr.index import ClusteredIndex
@@ -100,8 +102,6 @@ class Examples:
 
 def training_examples(*, data: GdrData, index: ClusteredIndex) -> Examples:
     """Every training example of `data` over `index`'s documents (see the module docstring)."""
-    from gr_jax.dense.data import CorpusDocuments
-    from gr_jax.tasks.sources import labeled_queries
     corpus = CorpusDocuments(open_dataset(data.data_dir))
     collection_row = np.full(len(index), -1, np.int64)
     in_index = index.rows_of(corpus.docids)
@@ -224,6 +224,6 @@ class GdrBatchSource:
 
     def batches(self, *, start_batch: int = 0, shard_index: int = 0, num_shards: int = 1,
                 prefetch: int = 2) -> Iterator[dict[str, np.ndarray]]:
-        """Endless batches from `start_batch`, made `prefetch` ahead (`gr_jax.dense.data.sharded_batches`)."""
+        """Endless batches from `start_batch`, made `prefetch` ahead (`gr_jax.data.batches.sharded_batches`)."""
         return sharded_batches(self.batch, batch_size=self.batch_size, start_batch=start_batch,
                                shard_index=shard_index, num_shards=num_shards, prefetch=prefetch)

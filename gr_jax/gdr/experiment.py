@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import pathlib
 from collections.abc import Callable, Container, Sequence
 from typing import Any, Optional
 
@@ -31,17 +30,17 @@ from gr_jax.data.readers import DataFormatError, open_dataset
 from gr_jax.dense.towers import SentencePieceTokenizer, Tokenizer, Tower
 from gr_jax.docids import DocidSpace
 from gr_jax.docids.schemes.semantic import digit_token_ids
-from gr_jax.experiment import RetrievalSettings, SampledBatchesRun, training_parts, vocabulary_file
+from gr_jax.experiment import RetrievalSettings, SampledBatchesRun, training_parts
 from gr_jax.gdr.clusters import cluster_id_table
 from gr_jax.gdr.data import GdrBatchSource, GdrData, training_examples
 from gr_jax.gdr.index import ClusteredIndex
 from gr_jax.gdr.losses import GdrLoss
 from gr_jax.gdr.model import GdrModel
 from gr_jax.retrievers.gdr import GdrRetriever
+from gr_jax.run_dir import RunDir
 from gr_jax.trainer import Trainer
-from gr_jax.vocabulary import load_vocabulary
+from gr_jax.vocabulary import load_vocabulary, vocabulary_file
 
-DOCUMENT_ENCODER_FILE = "document_encoder.json"
 CLUSTER_SCHEME = "gdr_clusters"
 
 
@@ -116,7 +115,7 @@ def _frozen_tower(factory: Callable[..., optax.GradientTransformation]) -> Calla
 
 def check_document_encoder(model_dir: str, index: ClusteredIndex) -> None:
     """Raises when `model_dir` was trained against document vectors of another encoder than `index`'s."""
-    path = pathlib.Path(model_dir) / DOCUMENT_ENCODER_FILE
+    path = RunDir.of(model_dir).document_encoder
     if path.is_file():
         trained = json.loads(path.read_text())
         if trained != index.encoder:
@@ -128,8 +127,8 @@ def check_document_encoder(model_dir: str, index: ClusteredIndex) -> None:
 def tower_params_from_run(*, model_dir: str, step: int, fresh: Any, shardings: Any) -> Any:
     """The query tower of the dense run `model_dir` at `step` (its `checkpoints/` or `best/`), shaped as `fresh`:
     the shared tower (`tower`) or, with separate towers, `query_tower`."""
-    for sub in ("checkpoints", checkpoints.BEST_DIR):
-        directory = pathlib.Path(model_dir) / sub
+    run_dir = RunDir.of(model_dir)
+    for directory in (run_dir.checkpoints, run_dir.best):
         if not (directory / str(step)).is_dir():
             continue
         checkpointer = checkpoints.Checkpointer(directory, max_to_keep=None)
@@ -146,8 +145,8 @@ def tower_params_from_run(*, model_dir: str, step: int, fresh: Any, shardings: A
             return checkpointer.restore_params(step, abstract_params={name: abstract})[name]
         finally:
             checkpointer.close()
-    raise FileNotFoundError(f"no checkpoint of step {step} in {model_dir}/checkpoints or {model_dir}/"
-                            f"{checkpoints.BEST_DIR}: the document encoder's run is needed to start the query tower")
+    raise FileNotFoundError(f"no checkpoint of step {step} in {run_dir.checkpoints} or {run_dir.best}: the document "
+                            f"encoder's run is needed to start the query tower")
 
 
 @dataclasses.dataclass
@@ -179,7 +178,7 @@ class GdrBuilt(SampledBatchesRun):
             else:
                 params["tower"] = tower.load_params(fresh=params["tower"], shardings=shardings)
             state = state.replace(params=params)
-        path = pathlib.Path(experiment.model_dir) / DOCUMENT_ENCODER_FILE
+        path = RunDir.of(experiment.model_dir).document_encoder
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(self.index.encoder, indent=1))
         return state

@@ -21,15 +21,16 @@ from typing import Any, Optional
 import numpy as np
 
 from gr_jax.data.examples import Examples, HostExamplesData
+from gr_jax.data.pairs import labeled_queries
 from gr_jax.data.readers import DataFormatError, open_dataset
 from gr_jax.docids import DocidSpace
 from gr_jax.docids.identifiers import DocumentIdentifiers
-from gr_jax.experiment import Built, Experiment, RetrievalSettings, vocabulary_file
+from gr_jax.experiment import Built, Experiment, RetrievalSettings
 from gr_jax.ngrams.index import SpanIndex, aggregate_documents, index_path
 from gr_jax.ngrams.spans import select_starts, words_of
 from gr_jax.retrievers import Ranking
 from gr_jax.retrievers.generative import GenerativeRetriever
-from gr_jax.vocabulary import encode_and_count_cut, load_vocabulary
+from gr_jax.vocabulary import encode_and_count_cut, load_vocabulary, vocabulary_file
 
 logger = logging.getLogger(__name__)
 
@@ -79,14 +80,13 @@ class NgramData(HostExamplesData):
 
 def ngram_examples(*, data: NgramData, index: SpanIndex, vocabulary: Any) -> Examples:
     """The (input, span) examples of `data` (see the module docstring), each of weight 1. Judgements of documents
-    outside the collection are counted in a warning (`gr_jax.tasks.sources.labeled_queries`)."""
+    outside the collection are counted in a warning (`gr_jax.data.pairs.labeled_queries`)."""
     dataset = open_dataset(data.data_dir)
     texts = [text for _, text in dataset.collection()]
     rows = {docid: row for row, docid in enumerate(index.docids)}
     if len(texts) != len(index.docids):
         raise DataFormatError(f"{index_path(data.data_dir, width=data.width)} indexes {len(index.docids)} documents "
                               f"but {dataset.collection_path} has {len(texts)}: rebuild the span index")
-    from gr_jax.tasks.sources import labeled_queries  # the pairs the other generative runs train on
     labeled = labeled_queries(dataset=dataset, split=data.train_split, known_docids=rows, first_relevant_only=False)
     inputs, windows = [], []
     for pair, (query, docid) in enumerate(zip(labeled.texts, labeled.docids)):

@@ -23,6 +23,7 @@ from gr_jax.candidates import CandidateScorer
 from gr_jax.data.readers import DataFormatError, RetrievalDataset, open_dataset, read_lines
 from gr_jax.ranking import metrics
 from gr_jax.ranking.data import ranked_lists
+from gr_jax.run_dir import RunDir
 from gr_jax.vocabulary import encode_inputs
 
 NEGATIVES = "negatives.{split}.tsv"
@@ -108,5 +109,5 @@ def evaluate_ranking(*, experiment: Any, split: Optional[str] = None, step: Opti
               # The same candidates by their log-likelihood (what beam search ranks by), for comparison.
               "by_log_likelihood": ranking_metrics(log_likelihood, candidates.valid, max_k=max_k)}
     if partitioning.is_primary_process():
-        (pathlib.Path(experiment.model_dir) / f"ranking.{split}.{step}.json").write_text(json.dumps(result, indent=1))
+        RunDir.of(experiment.model_dir).ranking_metrics(split, step).write_text(json.dumps(result, indent=1))
     return result

@@ -1,0 +1,89 @@
+"""The files of a run's directory (`model_dir`), each named once: whatever writes or reads a run asks its `RunDir`.
+
+    config.gin                          the gin config the run was trained with (evaluation and search rebuild it)
+    checkpoints/{step}/                 training states (`gr_jax.checkpoints`)
+    best/{step}/                        the state model selection kept, with selection.json its record
+    final_metrics.json                  the training run's report
+    run.{split}.{step}.trec             the ranking of a split's queries by the checkpoint of a step
+    eval.{split}.{step}.json            its retrieval metrics when evaluated after training
+    ranking.{split}.{step}.json, cgl.{split}.{step}.json, eval.doc2query.validation.{step}.json
+                                        other measures of a checkpoint (SToICaL's rankings, CGL, doc2query's loss)
+    index/{step}/                       a dense run's corpus index, encoded by that checkpoint
+    document_encoder.json               a GDR run's fingerprint of the encoder of its document vectors
+    train_examples-{p}-of-{n}.jsonl     each step's example fingerprints, per process (when recorded)
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+
+
+@dataclasses.dataclass(frozen=True)
+class RunDir:
+    path: pathlib.Path
+
+    @classmethod
+    def of(cls, model_dir: str | os.PathLike) -> RunDir:
+        return cls(path=pathlib.Path(model_dir))
+
+    @property
+    def config(self) -> pathlib.Path:
+        return self.path / "config.gin"
+
+    @property
+    def checkpoints(self) -> pathlib.Path:
+        return self.path / "checkpoints"
+
+    @property
+    def best(self) -> pathlib.Path:
+        return self.path / "best"
+
+    @property
+    def selection(self) -> pathlib.Path:
+        return self.path / "selection.json"
+
+    @property
+    def final_metrics(self) -> pathlib.Path:
+        return self.path / "final_metrics.json"
+
+    @property
+    def document_encoder(self) -> pathlib.Path:
+        return self.path / "document_encoder.json"
+
+    def index(self, step: int) -> pathlib.Path:
+        return self.path / "index" / str(step)
+
+    def trec_run(self, split: str, step: int) -> pathlib.Path:
+        return self.path / f"run.{split}.{step}.trec"
+
+    def trec_runs(self, split: str) -> dict[int, pathlib.Path]:
+        """step -> the TREC run of `split` by that step's checkpoint, in step order."""
+        runs = {}
+        for path in self.path.glob(f"run.{split}.*.trec"):
+            step = path.name[len(f"run.{split}."):-len(".trec")]
+            if step.isdigit():
+                runs[int(step)] = path
+        return dict(sorted(runs.items()))
+
+    def eval_metrics(self, split: str, step: int) -> pathlib.Path:
+        return self.path / f"eval.{split}.{step}.json"
+
+    def ranking_metrics(self, split: str, step: int) -> pathlib.Path:
+        """SToICaL's ranking metrics of a checkpoint (`gr_jax.ranking.evaluation`)."""
+        return self.path / f"ranking.{split}.{step}.json"
+
+    def cgl(self, split: str, step: int) -> pathlib.Path:
+        """The contrastive generalisation loss of a checkpoint (`gr_jax.scaling.cgl`)."""
+        return self.path / f"cgl.{split}.{step}.json"
+
+    def doc2query_validation(self, step: int) -> pathlib.Path:
+        """A doc2query run's loss on its validation pairs (`gr_jax.tools.doc2query`)."""
+        return self.path / f"eval.doc2query.validation.{step}.json"
+
+    def examples_record(self, *, process: int, count: int) -> pathlib.Path:
+        return self.path / f"train_examples-{process}-of-{count}.jsonl"
+
+    def is_run(self) -> bool:
+        """Whether this is a gr_jax run (it has checkpoints/) rather than, e.g., a Hugging Face checkpoint dir."""
+        return self.checkpoints.is_dir()

@@ -1,0 +1,26 @@
+"""gr_jax.run_dir: the paths of a run's files, each named in one place."""
+import pathlib
+
+from gr_jax.run_dir import RunDir
+
+
+def test_the_layout_of_a_run():
+    run = RunDir.of("/runs/a")
+    assert run.path == pathlib.Path("/runs/a")
+    assert run.config == pathlib.Path("/runs/a/config.gin")
+    assert run.checkpoints == pathlib.Path("/runs/a/checkpoints") and run.best == pathlib.Path("/runs/a/best")
+    assert run.index(12) == pathlib.Path("/runs/a/index/12")
+    assert run.trec_run("dev", 7) == pathlib.Path("/runs/a/run.dev.7.trec")
+    assert run.eval_metrics("dev", 7) == pathlib.Path("/runs/a/eval.dev.7.json")
+    assert run.examples_record(process=1, count=2) == pathlib.Path("/runs/a/train_examples-1-of-2.jsonl")
+
+
+def test_trec_runs_are_listed_in_step_order_and_only_those_of_the_split(tmp_path):
+    for name in ("run.dev.10.trec", "run.dev.9.trec", "run.dev.x.trec", "run.test.3.trec", "run.dev.2.json"):
+        (tmp_path / name).write_text("")
+    run = RunDir.of(tmp_path)
+    assert run.trec_runs("dev") == {9: tmp_path / "run.dev.9.trec", 10: tmp_path / "run.dev.10.trec"}
+    assert list(run.trec_runs("dev")) == [9, 10] and run.trec_runs("train") == {}
+    assert not run.is_run()
+    run.checkpoints.mkdir()
+    assert run.is_run()
