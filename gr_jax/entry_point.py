@@ -21,8 +21,9 @@ import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-# Errors that mean the input is wrong, not the program (DataFormatError is a ValueError).
-BAD_INPUT = (FileNotFoundError, FileExistsError, ValueError)
+# Errors that mean the input or the machine is wrong, not the program: a missing, existing or unreadable file (gin's
+# "Unable to open file" is a plain OSError), a full disk, a malformed line (DataFormatError is a ValueError).
+BAD_INPUT = (OSError, ValueError)
 
 _STARTUP_NOISE = re.compile(
     r"WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"

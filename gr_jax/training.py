@@ -264,6 +264,11 @@ def train(*, experiment: RunExperiment, num_train_steps: int, checkpoint_every_s
     evaluations, e.g. from gin: `training.train.actions = [...]`). `record_examples` (off by default; gin:
     `training.train.record_examples = True`) writes each step's example fingerprints (see `training_loop`).
     """
+    for name, value, least in (("num_train_steps (TRAIN_STEPS)", num_train_steps, 0),
+                               ("checkpoint_every_steps", checkpoint_every_steps, 1),
+                               ("log_every_steps", log_every_steps, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(f"training.train.{name} must be a whole number >= {least}, got {value!r}")
     run_dir = RunDir.of(experiment.model_dir)
     run_dir.path.mkdir(parents=True, exist_ok=True)
     built = experiment.build(keep_checkpoints=keep_checkpoints)

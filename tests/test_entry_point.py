@@ -30,6 +30,7 @@ def test_a_real_start_has_no_noise():
 
 
 @pytest.mark.parametrize("error", [FileNotFoundError("no file x"), FileExistsError("x exists"),
+                                   OSError("Unable to open file: runs/typo/config.gin."),  # gin's missing file
                                    DataFormatError("data/c.tsv:3: duplicate pid '7'"), ValueError("bad setting")])
 def test_bad_input_ends_with_one_line(error, monkeypatch):
     monkeypatch.delenv("GR_JAX_TRACEBACK", raising=False)

@@ -152,9 +152,16 @@ def test_layers_axis_is_replicated_and_every_other_axis_shards_as_unscanned(rule
     assert tuple(some.spec) == (None, "data" if rules_2d else None, "model")
 
 
+def filled(tree, *, seed: int):
+    """`tree`'s shapes and dtypes filled with distinct random numbers (numpy arrays): converting layouts only moves
+    arrays, so any values test it, and none needs the network's initialiser to run."""
+    rng = np.random.default_rng(seed)
+    return jax.tree.map(lambda leaf: rng.normal(size=leaf.shape).astype(leaf.dtype), tree)
+
+
 def test_converter_round_trip_is_exact():
     config = HEADS["pawa"]
-    flat = init(config)
+    flat = jax.tree.map(jnp.asarray, filled(init(config, abstract=True), seed=0))
     stacked = layer_layout.stack_layers(flat, config=config)
     assert stacked["encoder_layers"]["mlp"]["wo"].shape == (3, 64, 32)
     assert stacked["pawa"]["layers"]["self_attention"]["query"].shape == (3, 32, 4, 8)
@@ -165,7 +172,7 @@ def test_converter_round_trip_is_exact():
     np.testing.assert_array_equal(stacked["decoder_layers"]["mlp"]["wi_1"][1], flat["decoder_layers_1"]["mlp"]["wi_1"])
     # The other direction from a scanned init, on host (numpy stays numpy), and each function passes through a tree
     # already in its layout.
-    host = jax.tree.map(np.asarray, init(scanned(config)))
+    host = filled(init(scanned(config), abstract=True), seed=1)
     unstacked = layer_layout.unstack_layers(host, config=config)
     assert isinstance(unstacked["encoder_layers_2"]["attention"]["key"], np.ndarray)
     restacked = layer_layout.stack_layers(unstacked, config=config)

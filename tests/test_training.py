@@ -5,6 +5,7 @@ import hashlib
 import json
 import math
 import pathlib
+import re
 import shutil
 import types
 
@@ -440,6 +441,23 @@ def test_unknown_gin_binding_is_reported():
     # Bad input ends with one line naming it, and exit status 1 (gr_jax.entry_point), not a traceback.
     with pytest.raises(SystemExit, match="^error: .*(No configurable matching 'T5Config.no_such_knob'|no_such_knob)"):
         train_main.main(["--gin_file=runs/train.gin", "--gin.network.T5Config.no_such_knob=3"])
+
+
+@pytest.mark.parametrize("steps, shown", [("-5", "-5"), ("abc", "'abc'"), ("2.5", "2.5")])
+def test_a_bad_number_of_steps_is_one_line_before_any_work(data_dir, tmp_path, steps, shown):
+    """TRAIN_STEPS=-5 trained nothing and exited 0 with an untrained step 0 saved; a word or a fraction failed late:
+    now each ends at once with the binding named, and nothing is written."""
+    import gin
+    from gr_jax import train as train_main
+    gin.clear_config()
+    model_dir = tmp_path / "run"
+    with pytest.raises(SystemExit, match=rf"^error: training\.train\.num_train_steps \(TRAIN_STEPS\) must be a whole "
+                                         rf"number >= 0, got {re.escape(shown)}$"):
+        train_main.main(["--gin_file=runs/train.gin", "--gin_file=models/t5_1_1/tiny.gin",
+                         f"--gin.TRAIN_STEPS={steps}", f"--gin.DATA_DIR='{data_dir}'", f"--gin.MODEL_DIR='{model_dir}'",
+                         "--gin.DATASET_NAME='fixture'"])
+    gin.clear_config()
+    assert not model_dir.exists()
 
 
 def test_logical_axis_rules_chosen_for_an_experiment_shard_its_parameters(data_dir, tmp_path):
