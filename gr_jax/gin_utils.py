@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import difflib
 import logging
 import os
 import pathlib
@@ -72,11 +73,50 @@ def _only_plain_file_readers() -> None:
 
 
 def parse_gin(*, gin_files: Sequence[str], bindings: Sequence[str], search_paths: Sequence[str] = ()) -> None:
-    """Applies gin files then bindings; gin's own errors (unknown binding, missing REQUIRED) propagate."""
+    """Applies gin files then bindings; gin's own errors (unknown binding, missing REQUIRED) propagate, and a macro
+    that a binding sets but no config uses is an error (`unused_macros`)."""
     _only_plain_file_readers()
     for path in [*search_paths, str(GIN_CONFIGS_DIR), os.getcwd()]:
         gin.add_config_file_search_path(path)
     gin.parse_config_files_and_bindings(list(gin_files), list(bindings), finalize_config=True)
+    unused = unused_macros(bindings)
+    if unused:
+        name = unused[0]
+        close = difflib.get_close_matches(name, sorted(_referenced_macros()), n=1)
+        raise ValueError(f"the binding of macro {name} ({', '.join(unused)}) is used by none of the gin files "
+                         f"{list(gin_files)}" + (f": did you mean {close[0]}?" if close else ""))
+
+
+def _referenced_macros() -> set[str]:
+    """The macros the parsed config refers to (`%NAME` anywhere in a binding's value, macros' values included)."""
+    from gin import config as gin_config
+    names = set()
+
+    def walk(value) -> None:
+        if isinstance(value, gin_config.ConfigurableReference):
+            scope, _, selector = value.scoped_selector.rpartition("/")
+            if selector == "gin.macro":
+                names.add(scope)
+        elif isinstance(value, (list, tuple, set)):
+            for item in value:
+                walk(item)
+        elif isinstance(value, dict):
+            for item in value.values():
+                walk(item)
+
+    for parameters in gin_config._CONFIG.values():  # gin 0.5.0 keeps the parsed bindings here (no public view)
+        for value in parameters.values():
+            walk(value)
+    return names
+
+
+def unused_macros(bindings: Sequence[str]) -> list[str]:
+    """The macros that `bindings` (`NAME = value`: a name without a dot is a macro) set and the parsed config never
+    refers to: a misspelt `--gin.TRAIN_STEPZ=5` would otherwise be ignored without a word."""
+    bound = [binding.partition("=")[0].strip() for binding in bindings]
+    macros = [name for name in bound if name and "." not in name and "/" not in name]
+    referenced = _referenced_macros()
+    return [name for name in macros if name not in referenced]
 
 
 def t5_config(gin_files: Sequence[str], *, bindings: Sequence[str] = (), **overrides) -> "network.T5Config":

@@ -443,6 +443,20 @@ def test_unknown_gin_binding_is_reported():
         train_main.main(["--gin_file=runs/train.gin", "--gin.network.T5Config.no_such_knob=3"])
 
 
+def test_a_misspelt_macro_is_one_line_naming_it(data_dir, tmp_path):
+    """`--gin.TRAIN_STEPZ=5` defined a macro nothing used, and the run trained for its configured steps; now the
+    run stops before any work, and nothing is written."""
+    import gin
+    from gr_jax import train as train_main
+    gin.clear_config()
+    with pytest.raises(SystemExit, match=r"^error: the binding of macro TRAIN_STEPZ \(TRAIN_STEPZ\) is used by none "
+                                         r"of the gin files \['runs/train.gin'\]: did you mean TRAIN_STEPS\?$"):
+        train_main.main(["--gin_file=runs/train.gin", f"--gin.DATA_DIR='{data_dir}'", "--gin.DATASET_NAME='fixture'",
+                         f"--gin.MODEL_DIR='{tmp_path / 'run'}'", "--gin.TRAIN_STEPS=2", "--gin.TRAIN_STEPZ=5"])
+    gin.clear_config()
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("steps, shown", [("-5", "-5"), ("abc", "'abc'"), ("2.5", "2.5")])
 def test_a_bad_number_of_steps_is_one_line_before_any_work(data_dir, tmp_path, steps, shown):
     """TRAIN_STEPS=-5 trained nothing and exited 0 with an untrained step 0 saved; a word or a fraction failed late:
