@@ -15,8 +15,11 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import pathlib
+from collections.abc import Mapping
+from typing import Any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +87,23 @@ class RunDir:
     def examples_record(self, *, process: int, count: int) -> pathlib.Path:
         return self.path / f"train_examples-{process}-of-{count}.jsonl"
 
+    def write_final_metrics(self, report: Mapping[str, Any]) -> dict[str, Any]:
+        """Writes the training run's report (atomically) over an earlier attempt's, keeping what this one does not
+        measure again: a rerun of a finished run trains no step, so its report has no training metrics, and would
+        otherwise replace them. Returns the report written."""
+        previous = json.loads(self.final_metrics.read_text()) if self.final_metrics.is_file() else {}
+        merged = {**previous, **report}
+        write_json(self.final_metrics, merged)
+        return merged
+
     def is_run(self) -> bool:
         """Whether this is a gr_jax run (it has checkpoints/) rather than, e.g., a Hugging Face checkpoint dir."""
         return self.checkpoints.is_dir()
+
+
+def write_json(path: pathlib.Path, value: Any) -> None:
+    """`value` as indented JSON, whole or not at all: written to a temporary file beside `path`, then renamed over
+    it, so a crash leaves the previous file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(value, indent=1))
+    os.replace(tmp, path)

@@ -30,7 +30,7 @@ from gr_jax.evaluation import write_trec_run
 from gr_jax.evaluator import RetrievalEvaluator
 from gr_jax.experiment import BuiltRun
 from gr_jax.retrievers import Retriever
-from gr_jax.run_dir import RunDir
+from gr_jax.run_dir import RunDir, write_json
 
 logger = logging.getLogger(__name__)
 
@@ -286,7 +286,7 @@ def train(*, experiment: RunExperiment, num_train_steps: int, checkpoint_every_s
     _, report = training_loop(run=run, state=state, num_train_steps=num_train_steps, actions=all_actions,
                               report_every_steps=log_every_steps, progress=progress, record_examples=record_examples)
     if partitioning.is_primary_process():
-        run_dir.final_metrics.write_text(json.dumps(report, indent=1))
+        report = run_dir.write_final_metrics(report)
     return report
 
 
@@ -301,5 +301,5 @@ def evaluate(*, experiment: RunExperiment, eval_config: EvalConfig = EvalConfig(
     run_dir = RunDir.of(experiment.model_dir)
     if partitioning.is_primary_process():
         write_trec_run(run_dir.trec_run(split, step), run, tag=f"gr_jax-{step}")
-        run_dir.eval_metrics(split, step).write_text(json.dumps(metrics, indent=1))
+        write_json(run_dir.eval_metrics(split, step), metrics)
     return metrics

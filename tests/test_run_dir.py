@@ -1,4 +1,5 @@
 """gr_jax.run_dir: the paths of a run's files, each named in one place."""
+import json
 import pathlib
 
 from gr_jax.run_dir import RunDir
@@ -24,3 +25,14 @@ def test_trec_runs_are_listed_in_step_order_and_only_those_of_the_split(tmp_path
     assert not run.is_run()
     run.checkpoints.mkdir()
     assert run.is_run()
+
+
+def test_final_metrics_are_written_whole_and_never_replaced_by_less(tmp_path):
+    """A rerun of a finished run trains no step: its report (evaluation only) updates the earlier one and keeps the
+    training metrics it does not measure again."""
+    run = RunDir.of(tmp_path)
+    assert run.write_final_metrics({"train/loss": 1.5, "eval/MRR@10": 0.25}) == {"train/loss": 1.5,
+                                                                                  "eval/MRR@10": 0.25}
+    assert run.write_final_metrics({"eval/MRR@10": 0.5}) == {"train/loss": 1.5, "eval/MRR@10": 0.5}
+    assert json.loads(run.final_metrics.read_text()) == {"train/loss": 1.5, "eval/MRR@10": 0.5}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["final_metrics.json"]  # no temporary file left

@@ -267,6 +267,9 @@ def test_model_selection_stops_after_patience_and_reports_the_best_state(data_di
     assert built.checkpointer.latest_step() == 4
     assert retrieval(again, "eval/") == retrieval(final, "eval/") and retrieval(again, "select/") == retrieval(
         final, "select/")
+    # It trained no step, and kept the training metrics of the run it repeats (they were replaced by none).
+    assert again["train/loss"] == final["train/loss"]
+    assert json.loads((tmp_path / "run" / "final_metrics.json").read_text()) == again
 
 
 def test_model_selection_record_keeps_the_first_best_and_resumes_from_its_checkpoint(tmp_path):

@@ -41,7 +41,7 @@ from gr_jax import gin_utils
 from gr_jax import partitioning
 from gr_jax.data.readers import DataFormatError, open_dataset, read_lines
 from gr_jax.experiment import Built, Doc2QueryData, Experiment
-from gr_jax.run_dir import RunDir
+from gr_jax.run_dir import RunDir, write_json
 from gr_jax.vocabulary import EOS_ID, encode_inputs
 
 logger = logging.getLogger(__name__)
@@ -107,8 +107,7 @@ def train_main(argv: Sequence[str]) -> dict[str, Any]:
     experiment = gin.get_configurable(Experiment)()
     validation = validation_loss(experiment=experiment)
     if validation:
-        path = RunDir.of(experiment.model_dir).doc2query_validation(validation["step"])
-        path.write_text(json.dumps(validation, indent=1))
+        write_json(RunDir.of(experiment.model_dir).doc2query_validation(validation["step"]), validation)
     summary = {"model_dir": experiment.model_dir, **final, **{f"validation/{k}": v for k, v in validation.items()}}
     print(json.dumps(summary), flush=True)
     return summary

@@ -12,7 +12,6 @@ file is absent, one document outside the list drawn uniformly from the docid spa
 from __future__ import annotations
 
 import dataclasses
-import json
 import pathlib
 from typing import Any, Optional
 
@@ -23,7 +22,7 @@ from gr_jax.candidates import CandidateScorer
 from gr_jax.data.readers import DataFormatError, RetrievalDataset, open_dataset, read_lines
 from gr_jax.ranking import metrics
 from gr_jax.ranking.data import ranked_lists
-from gr_jax.run_dir import RunDir
+from gr_jax.run_dir import RunDir, write_json
 from gr_jax.vocabulary import encode_inputs
 
 NEGATIVES = "negatives.{split}.tsv"
@@ -109,5 +108,5 @@ def evaluate_ranking(*, experiment: Any, split: Optional[str] = None, step: Opti
               # The same candidates by their log-likelihood (what beam search ranks by), for comparison.
               "by_log_likelihood": ranking_metrics(log_likelihood, candidates.valid, max_k=max_k)}
     if partitioning.is_primary_process():
-        RunDir.of(experiment.model_dir).ranking_metrics(split, step).write_text(json.dumps(result, indent=1))
+        write_json(RunDir.of(experiment.model_dir).ranking_metrics(split, step), result)
     return result

@@ -21,7 +21,6 @@ with none left is an error. `EvaluateCgl` is the same measurement as a periodic 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 from collections.abc import Sequence
@@ -34,7 +33,7 @@ from gr_jax.actions import Action
 from gr_jax.candidates import CandidateScorer, TokenReduction, generation_losses
 from gr_jax.data.readers import open_dataset
 from gr_jax.docids.identifiers import DocumentIdentifiers
-from gr_jax.run_dir import RunDir
+from gr_jax.run_dir import RunDir, write_json
 from gr_jax.vocabulary import encode_inputs
 
 logger = logging.getLogger(__name__)
@@ -215,7 +214,7 @@ def evaluate_cgl(*, experiment: Any, split: Optional[str] = None, step: Optional
     split = split or experiment.dataset.eval_split
     result = {"step": step, **CglScorer(built, config=config).measure(params, split=split, show_progress=progress)}
     if partitioning.is_primary_process():
-        RunDir.of(experiment.model_dir).cgl(split, step).write_text(json.dumps(result, indent=1))
+        write_json(RunDir.of(experiment.model_dir).cgl(split, step), result)
     return result
 
 
