@@ -114,8 +114,9 @@ def run_configured(argv, *, description: str, gin_file: str, function: Callable[
     import gin
 
     from gr_jax import gin_utils
-    setup()
+    # The arguments first: --help and a bad flag answer before TensorFlow and JAX are imported.
     args, gin_files, bindings = gin_utils.parse_args(sys.argv[1:] if argv is None else argv, description=description)
+    setup()
     if gin_file not in gin_files:
         gin_files.append(gin_file)
 

@@ -10,8 +10,9 @@ from gr_jax import gin_utils
 
 
 def main(argv=None) -> None:
-    entry_point.setup()
+    # The arguments first: --help and a bad flag answer before TensorFlow and JAX are imported.
     args, gin_files, bindings = gin_utils.parse_args(sys.argv[1:] if argv is None else argv, description=__doc__)
+    entry_point.setup()
 
     def body() -> None:
         from gr_jax import training  # after setup: it loads TensorFlow

@@ -63,3 +63,19 @@ def test_gin_call_context_is_dropped_from_the_line(monkeypatch):
     with pytest.raises(SystemExit) as exit_info:
         entry_point.run(body)
     assert exit_info.value.code == "error: no SentencePiece vocabulary at /x/spm.model; train one beside the data"
+
+
+@pytest.mark.parametrize("argv, code", [(["--help"], 0), (["--no_such_flag"], 2)])
+def test_help_and_a_bad_flag_answer_before_tensorflow_and_jax_are_imported(argv, code):
+    """`python -m gr_jax.train --help` took 18 s (TensorFlow and JAX were imported before the arguments were read)."""
+    probe = ("import contextlib, io, sys\n"
+             "from gr_jax import eval as evaluate, train\n"
+             "for entry in (train, evaluate):\n"
+             "    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+             "        try:\n"
+             f"            entry.main({argv!r})\n"
+             "        except SystemExit as e:\n"
+             f"            assert e.code == {code}, e.code\n"
+             "print(sorted(name for name in ('tensorflow', 'jax', 'seqio') if name in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout == "[]\n"
