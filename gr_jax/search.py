@@ -76,6 +76,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--unconstrained", action="store_true")
     parser.add_argument("queries", nargs="*", help="query texts (default: one per line from standard input)")
     args, rest = parser.parse_known_args(argv)
+    blank = [i for i, query in enumerate(args.queries, start=1) if not query.strip()]
+    if blank:  # before any work: a blank query would be ranked like any other
+        parser.error(f"query {blank[0]} of {len(args.queries)} is empty or blank")
     entry_point.setup()
 
     def body() -> None:

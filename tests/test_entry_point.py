@@ -79,3 +79,12 @@ def test_help_and_a_bad_flag_answer_before_tensorflow_and_jax_are_imported(argv,
              "print(sorted(name for name in ('tensorflow', 'jax', 'seqio') if name in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout == "[]\n"
+
+
+def test_a_blank_search_query_is_refused_before_any_work(capsys, tmp_path):
+    """`gr-jax search ""` ranked documents for an empty query."""
+    from gr_jax import search
+    with pytest.raises(SystemExit) as exit_info:
+        search.main(["--model_dir", str(tmp_path / "no_run"), "sourdough bread", "  "])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().endswith("error: query 2 of 2 is empty or blank")

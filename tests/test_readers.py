@@ -46,8 +46,10 @@ def test_read_collection_streams_and_reports_the_malformed_line(tmp_path):
     "content, line, message",
     [
         (b"1\tone\n2\n", 2, "expected 2 tab-separated columns"),
-        (b"1\tone\n\ttwo\n", 2, "empty or space-padded pid"),
-        (b"1\tone\n 2\ttwo\n", 2, "empty or space-padded pid"),
+        (b"1\tone\n\ttwo\n", 2, "empty pid ''"),
+        (b"1\tone\n 2\ttwo\n", 2, "pid ' 2' contains whitespace"),
+        # Read, trained and evaluated, it failed only when the TREC run was written: now refused when read.
+        (b"1\tone\na 6\ttwo\n", 2, "pid 'a 6' contains whitespace: TREC runs and qrels separate their columns"),
         (b"1\tone\n2\ttwo\n1\tagain\n", 3, "duplicate pid '1'"),
         (b"1\tone\n2\t\xff\xfe\n", 2, "not valid UTF-8"),
     ],
@@ -69,6 +71,10 @@ def test_read_queries_rejects_duplicate_qids(tmp_path, fixtures_dir):
     assert queries[1] == ("2002", "what is café au lait")
     path = _write_bytes(tmp_path / "queries.train.tsv", b"7\ta\n8\tb\n7\tc\n")
     with pytest.raises(DataFormatError, match=rf"^{path}:3: duplicate qid '7'"):
+        list(readers.read_queries(path))
+    # An empty query went into training and BM25 without a word (BM25 scored it 0).
+    path = _write_bytes(tmp_path / "queries.dev.tsv", b"7\ta\n8\t  \n")
+    with pytest.raises(DataFormatError, match=rf"^{path}:2: query '8' is empty: nothing to train on or rank with"):
         list(readers.read_queries(path))
 
 

@@ -86,9 +86,20 @@ def _id_text_tsv_line(line: str, *, path: PathLike, line_number: int, id_name: s
             f"expected 2 tab-separated columns ({id_name} \\t {text_name}), found {len(columns)}"
             + (" (a tab inside the text is not allowed)" if len(columns) > 2 else ""))
     item_id, text = columns
-    if not item_id.strip() or item_id != item_id.strip():
-        raise DataFormatError.at(path, line_number, f"empty or space-padded {id_name} {item_id!r}")
+    check_id(item_id, path=path, line_number=line_number, id_name=id_name)
+    if id_name == "qid" and not text.strip():
+        raise DataFormatError.at(path, line_number, f"query {item_id!r} is empty: nothing to train on or rank with")
     return item_id, text
+
+
+def check_id(item_id: str, *, path: PathLike, line_number: int, id_name: str) -> None:
+    """Every rule an id must meet for every later stage: not empty, and no whitespace anywhere (TREC runs and
+    qrels separate their columns by whitespace, so `a 6` could be read but never written back)."""
+    if not item_id.strip():
+        raise DataFormatError.at(path, line_number, f"empty {id_name} {item_id!r}")
+    if any(c.isspace() for c in item_id):
+        raise DataFormatError.at(path, line_number, f"{id_name} {item_id!r} contains whitespace: TREC runs and qrels "
+                                 f"separate their columns by whitespace")
 
 
 def _read_id_text_tsv(path: PathLike, *, id_name: str, text_name: str) -> Iterator[tuple[str, str]]:
@@ -120,8 +131,8 @@ def read_queries(path: PathLike) -> Iterator[tuple[str, str]]:
 
 def _add_qrel(qrels: dict[str, dict[str, int]], *, path: PathLike, line_number: int, qid: str, docid: str,
               relevance: str) -> None:
-    if not qid or not docid:
-        raise DataFormatError.at(path, line_number, f"empty query id or document id ({qid!r}, {docid!r})")
+    check_id(qid, path=path, line_number=line_number, id_name="query id")
+    check_id(docid, path=path, line_number=line_number, id_name="document id")
     try:
         rel = int(relevance)
     except ValueError:
@@ -178,9 +189,10 @@ def _jsonl_string(record: dict, key: str, *, path: PathLike, line_number: int, r
 
 def _beir_id_text(record: dict, *, path: PathLike, line_number: int, with_title: bool) -> tuple[str, str]:
     item_id = _jsonl_string(record, "_id", path=path, line_number=line_number, required=True)
-    if not item_id.strip():
-        raise DataFormatError.at(path, line_number, "empty '_id'")
+    check_id(item_id, path=path, line_number=line_number, id_name="'_id'")
     text = _jsonl_string(record, "text", path=path, line_number=line_number, required=True)
+    if not with_title and not text.strip():
+        raise DataFormatError.at(path, line_number, f"query {item_id!r} is empty: nothing to train on or rank with")
     if with_title:
         title = _jsonl_string(record, "title", path=path, line_number=line_number, required=False)
         if title:
