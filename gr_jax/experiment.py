@@ -286,12 +286,13 @@ class BuiltRun:
 
     def evaluator(self, *, split: str, k: int, max_queries: Optional[int] = None) -> RetrievalEvaluator:
         """The split's queries (the first `max_queries`) and qrels; judgements naming documents the run cannot
-        retrieve are counted in a warning (they cap recall)."""
+        retrieve, and judged queries the queries file lacks, are counted in warnings."""
         data = open_dataset(self.experiment.dataset.data_dir)
         queries = list(data.queries(split))
+        qrels = data.qrels(split)
+        data.check_judged_queries(split, qrels=qrels, qids={qid for qid, _ in queries})
         if max_queries:
             queries = queries[:max_queries]
-        qrels = data.qrels(split)
         known = self.known_docids()
         if known is not None:
             data.check_qrels(split, docids=known, qrels={qid: qrels[qid] for qid, _ in queries if qid in qrels})

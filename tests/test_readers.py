@@ -192,6 +192,20 @@ def test_check_qrels_counts_and_logs_unknown_documents(tmp_path, fixtures_dir, c
     assert caplog.text == ""
 
 
+def test_judged_queries_missing_from_the_queries_file_are_counted_in_one_warning(fixtures_dir, caplog):
+    """The one check that training's pairs, the evaluators and BM25 share (BM25 scored such queries 0 silently)."""
+    dataset = readers.open_dataset(fixtures_dir / "msmarco")
+    qrels = dataset.qrels("dev")
+    qids = {qid for qid, _ in dataset.queries("dev")}
+    with caplog.at_level(logging.WARNING):
+        assert dataset.check_judged_queries("dev", qrels=qrels, qids=qids) == 0
+        assert caplog.text == ""
+        dropped = sorted(qrels)[0]
+        assert dataset.check_judged_queries("dev", qrels=qrels, qids=qids - {dropped}) == 1
+    assert f"1 of the {len(qrels)} queries judged in" in caplog.text
+    assert "qrels.dev.tsv are missing from the queries file: never ranked" in caplog.text
+
+
 def test_missing_files_raise_listing_what_was_expected(tmp_path, fixtures_dir):
     with pytest.raises(FileNotFoundError, match="does not exist; expected the MS MARCO layout"):
         readers.open_dataset(tmp_path / "nowhere")

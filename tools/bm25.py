@@ -120,7 +120,8 @@ def evaluate(*, data_dir: str, split: str, d2q_file: str | None = None, run_file
     """BM25 (with doc2query expansions when `d2q_file` is given) on `split`: its metrics and, optionally, its run.
 
     Judgements naming documents that are not in the collection can never be retrieved; they are counted in a
-    warning (`RetrievalDataset.check_qrels`), and they count as unretrieved in Recall.
+    warning (`RetrievalDataset.check_qrels`), and they count as unretrieved in Recall; so are judged queries the
+    queries file lacks, which score 0.
     """
     dataset = open_dataset(data_dir)
     expansions = None
@@ -135,9 +136,11 @@ def evaluate(*, data_dir: str, split: str, d2q_file: str | None = None, run_file
             docids.add(docid)
             yield docid, text
 
-    run = bm25_run(documents=documents(), queries=dataset.queries(split), k=k, k1=k1, b=b, expansions=expansions,
+    queries = list(dataset.queries(split))
+    run = bm25_run(documents=documents(), queries=queries, k=k, k1=k1, b=b, expansions=expansions,
                    show_progress=sys.stderr.isatty())
     dataset.check_qrels(split, docids=docids, qrels=qrels)
+    dataset.check_judged_queries(split, qrels=qrels, qids={qid for qid, _ in queries})
     if run_file is not None:
         write_trec_run(run_file, run, tag=system_name(d2q_file))
     return retrieval_metrics(run=scored_to_ranked(run), qrels=qrels)

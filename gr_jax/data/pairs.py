@@ -58,7 +58,6 @@ def labeled_queries(
             qids.append(qid)
             texts.append(text)
             docids.append(docid)
-    missing_queries = len(set(qrels) - seen_qids)
     where = f"{dataset.data_dir} split {split!r}"
     if unknown_pairs:
         logger.warning("%s: %d qrels name unknown documents (not in the collection); left out", where,
@@ -66,9 +65,7 @@ def labeled_queries(
     if without_known:
         logger.warning("%s: %d queries have no relevant document in the collection; left out", where,
                        without_known)
-    if missing_queries:
-        logger.warning("%s: %d queries named in the qrels are missing from the queries file", where,
-                       missing_queries)
+    dataset.check_judged_queries(split, qrels=qrels, qids=seen_qids)
     if unjudged:
         logger.info("%s: %d queries have no relevant judgement (no example)", where, unjudged)
     return LabeledQueries(qids=tuple(qids), texts=tuple(texts), docids=tuple(docids))

@@ -337,6 +337,16 @@ class RetrievalDataset:
                             self._qrels_path(split))
         return unknown
 
+    def check_judged_queries(self, split: str, *, qrels: Mapping[str, Mapping[str, int]], qids: Container[str]) -> int:
+        """Counts the queries judged in `split`'s `qrels` that its queries file (`qids`) lacks: they are never
+        ranked. Logs the count when it is non-zero; every tool that scores a split (training's labeled pairs,
+        the evaluators, BM25) reports it the same way."""
+        missing = sum(1 for qid in qrels if qid not in qids)
+        if missing:
+            logger.warning("%d of the %d queries judged in %s are missing from the queries file: never ranked",
+                           missing, len(qrels), self._qrels_path(split))
+        return missing
+
 
 def open_dataset(data_dir: PathLike) -> RetrievalDataset:
     """Opens `data_dir`, detecting the MS MARCO (`collection.tsv`) or BEIR (`corpus.jsonl`) layout."""
