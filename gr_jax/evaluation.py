@@ -153,6 +153,13 @@ def _check_trec_field(value: str, *, what: str) -> None:
         raise ValueError(f"{what} {value!r} is not a non-empty string without whitespace: not writable as TREC")
 
 
+def _umask() -> int:
+    """The process's umask (read by setting it, then restored at once)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def write_trec_run(path: str | os.PathLike, run_with_scores: ScoredRun, *, tag: str) -> None:
     """Write ``qid Q0 docid rank score tag`` lines (rank from 1), queries in mapping order.
 
@@ -165,6 +172,7 @@ def write_trec_run(path: str | os.PathLike, run_with_scores: ScoredRun, *, tag: 
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp_path = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's file is private (0600); a run is shared as any file is
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
             for qid, ranking in run_with_scores.items():
                 _check_trec_field(qid, what="qid")

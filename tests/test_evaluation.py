@@ -1,5 +1,7 @@
 """gr_jax.evaluation against ir-measures (pytrec_eval), a hand-computed example, and TREC run round trips."""
 import math
+import os
+import stat
 
 import ir_measures
 import numpy as np
@@ -162,6 +164,18 @@ def test_read_trec_run_errors_name_path_and_line(tmp_path, bad_line, message):
     path.write_text(f"q1 Q0 a 1 1.0 t\n{bad_line}\nq1 Q0 c 3 0.1 t\n")
     with pytest.raises(DataFormatError, match=rf"bad\.trec:2: .*{message}"):
         read_trec_run(path)
+
+
+def test_a_trec_run_has_the_mode_of_any_new_file(tmp_path):
+    """Written through a private temporary file (mode 0600), the run kept that mode; it is shared as any file is."""
+    previous = os.umask(0o027)
+    try:
+        write_trec_run(tmp_path / "run.trec", {"q": [("d", 1.0)]}, tag="t")
+        (tmp_path / "plain").write_text("")
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE((tmp_path / "run.trec").stat().st_mode) == stat.S_IMODE((tmp_path / "plain").stat().st_mode)
+    assert stat.S_IMODE((tmp_path / "run.trec").stat().st_mode) == 0o640
 
 
 @pytest.mark.parametrize(
