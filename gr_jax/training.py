@@ -216,7 +216,10 @@ def training_loop(*, run: TrainingRun, state: Any, num_train_steps: int, actions
     stop = any([action.start(run) for action in actions])  # every action starts, even when one stops the run
     pending: list[Mapping[str, Any]] = []
     last_report = time.perf_counter()
+    # The bar counts computed steps, not dispatched ones (its rate and ETA would otherwise show the dispatch rate,
+    # then wait): each step's result is waited for once the next step is dispatched, so one step stays in flight.
     bar = tqdm.tqdm(total=num_train_steps, initial=step, desc="train", unit="step", disable=not progress)
+    in_flight = None
     try:
         while step < num_train_steps and not stop:
             batch = next(batches)
@@ -226,21 +229,31 @@ def training_loop(*, run: TrainingRun, state: Any, num_train_steps: int, actions
                 record.write(json.dumps({"step": step, "examples": example_fingerprints(batch)}) + "\n")
                 record.flush()
             pending.append(metrics)
-            bar.update(1)
+            if in_flight is not None:
+                jax.block_until_ready(in_flight)
+                bar.update(1)
+            in_flight = metrics
             last = step == num_train_steps
             due = [action for action in actions if action.due(step, last=last)]
             if not (last or step % report_every_steps == 0 or any(a.every_steps is not None for a in due)):
                 continue
             now = time.perf_counter()
             summary = summarize_steps(pending, seconds=max(now - last_report, 1e-9),
-                                      tokens_per_batch=tokens_per_batch)
-            pending, last_report = [], now
-            if summary:
-                bar.set_postfix(loss=f"{summary['loss']:.3f}",
-                                acc=f"{summary.get('token_accuracy', summary['sequence_accuracy']):.3f}")
+                                      tokens_per_batch=tokens_per_batch)  # fetches every pending step's result
+            pending, last_report, in_flight = [], now, None
+            bar.update(1)
+            if summary:  # the loss, and an accuracy where the loss reports one
+                accuracy = summary.get("token_accuracy", summary.get("sequence_accuracy"))
+                shown = {"loss": f"{summary['loss']:.3f}"}
+                if accuracy is not None:
+                    shown["acc"] = f"{accuracy:.3f}"
+                bar.set_postfix(**shown)
             report = TrainingProgress(step=step, state=state, summary=summary, last=last)
             for action in due:
                 stop = action(run, report) or stop
+        if in_flight is not None:  # stopped between reports
+            jax.block_until_ready(in_flight)
+            bar.update(1)
         final = TrainingProgress(step=step, state=state, summary={}, last=True)
         for action in actions:
             action.end(run, final)

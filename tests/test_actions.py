@@ -245,3 +245,49 @@ def test_the_loop_reports_to_actions_and_stops_when_one_says_so(tmp_path):
     assert sorted(run.writer.scalars) == [3, 5, 6, 9]  # reports: the plugged action's steps and every 5th
     assert run.writer.scalars[5]["train/loss"] == pytest.approx(0.5)  # summed loss / summed weight
     assert report["train/steps_per_second"] > 0
+
+
+def test_the_progress_bar_counts_computed_steps(tmp_path, monkeypatch):
+    """The bar showed 30/30 while the devices still computed: each update now follows the wait for a step's result
+    (the step's own, or a report's fetch of all pending ones), with one step left in flight, and it ends at the
+    steps run."""
+    from gr_jax import training
+    events = []
+
+    class FakeTrainer:
+        def train_step(self, state, batch, rng):
+            events.append(("dispatched", batch))
+            return state, {"loss": Average(total=batch, count=1.0), "learning_rate": LastValue(value=0.1),
+                           "grad_norm": LastValue(value=1.0)}
+
+    class Bar:
+        def __init__(self, *, initial, **kwargs):
+            self.n = initial
+
+        def update(self, n):
+            self.n += n
+            events.append(("shown", self.n))
+
+        def set_postfix(self, **kwargs):
+            pass
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(training.tqdm, "tqdm", Bar)
+    monkeypatch.setattr(training.jax, "block_until_ready",
+                        lambda metrics: events.append(("computed", int(metrics["loss"].total))) or metrics)
+    fetch = training.summarize_steps
+    monkeypatch.setattr(training, "summarize_steps", lambda pending, **kwargs: events.append(
+        ("reported", [int(m["loss"].total) for m in pending])) or fetch(pending, **kwargs))
+    run = _run(tmp_path)
+    run.built.experiment, run.built.trainer = types.SimpleNamespace(batch_size=4, seed=0), FakeTrainer()
+    run.built.experiment.model_dir = str(tmp_path)
+    run.built.train_batches = lambda *, start_batch: iter(range(1, 10**6))  # step i trains on batch i
+    run.built.tokens_per_batch = 20
+    training.training_loop(run=run, state=np.zeros(()), num_train_steps=5, report_every_steps=3, actions=[],
+                           progress=True)
+    assert events == [("dispatched", 1), ("dispatched", 2), ("computed", 1), ("shown", 1),
+                      ("dispatched", 3), ("computed", 2), ("shown", 2), ("reported", [1, 2, 3]), ("shown", 3),
+                      ("dispatched", 4), ("dispatched", 5), ("computed", 4), ("shown", 4), ("reported", [4, 5]),
+                      ("shown", 5)]
