@@ -74,15 +74,19 @@ def _only_plain_file_readers() -> None:
 
 def parse_gin(*, gin_files: Sequence[str], bindings: Sequence[str], search_paths: Sequence[str] = ()) -> None:
     """Applies gin files then bindings; gin's own errors (unknown binding, missing REQUIRED) propagate, and a macro
-    that a binding sets but no config uses is an error (`unused_macros`)."""
+    that a binding sets but no config uses is an error."""
     _only_plain_file_readers()
     for path in [*search_paths, str(GIN_CONFIGS_DIR), os.getcwd()]:
         gin.add_config_file_search_path(path)
     gin.parse_config_files_and_bindings(list(gin_files), list(bindings), finalize_config=True)
-    unused = unused_macros(bindings)
+    referenced = _referenced_macros()
+    bound = [binding.partition("=")[0].strip() for binding in bindings]
+    # `NAME = value` (a name without a dot) defines a macro: one that nothing refers to is a misspelling such as
+    # `--gin.TRAIN_STEPZ=5`, which gin would otherwise take without a word.
+    unused = [name for name in bound if name and "." not in name and "/" not in name and name not in referenced]
     if unused:
         name = unused[0]
-        close = difflib.get_close_matches(name, sorted(_referenced_macros()), n=1)
+        close = difflib.get_close_matches(name, sorted(referenced), n=1)
         raise ValueError(f"the binding of macro {name} ({', '.join(unused)}) is used by none of the gin files "
                          f"{list(gin_files)}" + (f": did you mean {close[0]}?" if close else ""))
 
@@ -109,14 +113,6 @@ def _referenced_macros() -> set[str]:
             walk(value)
     return names
 
-
-def unused_macros(bindings: Sequence[str]) -> list[str]:
-    """The macros that `bindings` (`NAME = value`: a name without a dot is a macro) set and the parsed config never
-    refers to: a misspelt `--gin.TRAIN_STEPZ=5` would otherwise be ignored without a word."""
-    bound = [binding.partition("=")[0].strip() for binding in bindings]
-    macros = [name for name in bound if name and "." not in name and "/" not in name]
-    referenced = _referenced_macros()
-    return [name for name in macros if name not in referenced]
 
 
 def t5_config(gin_files: Sequence[str], *, bindings: Sequence[str] = (), **overrides) -> "network.T5Config":

@@ -10,22 +10,12 @@ trainer's scan and the host loops do.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, Union
+from typing import Any, Union
 
 import flax
 import numpy as np
 
 Scalar = Any  # a float32[] jax.Array inside the step, a numpy scalar or float on the host
-
-
-class Metric(Protocol):
-    def merge(self, other: Any) -> Any:
-        """The metric of both parts (self first)."""
-        ...
-
-    def compute(self) -> float:
-        """The reported value."""
-        ...
 
 
 @flax.struct.dataclass
@@ -66,12 +56,7 @@ class LastValue:
         return float(self.value)
 
 
-MetricTypes = (Sum, Average, LastValue)
-AnyMetric = Union[Sum, Average, LastValue]
-
-
-def is_metric(x: Any) -> bool:
-    return isinstance(x, MetricTypes)
+AnyMetric = Union[Sum, Average, LastValue]  # each merges with another of its kind and computes its reported value
 
 
 def merge(a: Mapping[str, AnyMetric], b: Mapping[str, AnyMetric]) -> dict[str, AnyMetric]:

@@ -47,7 +47,6 @@ import dataclasses
 import datetime
 import json
 import logging
-import os
 import pathlib
 import re
 import shutil
@@ -61,7 +60,7 @@ from gr_jax import entry_point
 from gr_jax import gin_utils
 from gr_jax.data import d2q
 from gr_jax.data.readers import open_dataset
-from gr_jax.run_dir import RunDir
+from gr_jax.run_dir import RunDir, write_json
 from gr_jax.tools.doc2query import default_dataset_name
 
 logger = logging.getLogger(__name__)
@@ -254,12 +253,6 @@ Preflight = Callable[..., set[str]]
 
 
 # --- Results --------------------------------------------------------------------------------------------------
-
-
-def _write_json(path: pathlib.Path, value: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(value, indent=1, sort_keys=False))
-    os.replace(tmp, path)
 
 
 def _read_json(path: pathlib.Path) -> Optional[dict]:
@@ -455,7 +448,7 @@ class Study:
                 shutil.rmtree(model_dir)
             RunDir.of(model_dir).final_metrics.unlink(missing_ok=True)  # Only this run's metrics count.
         result = {"label": label, "split": self.split, "settings": settings}
-        _write_json(out / f"{system}.json", {**result, "status": "running"})  # Which settings model_dir holds.
+        write_json(out / f"{system}.json", {**result, "status": "running"})  # Which settings model_dir holds.
         start = time.perf_counter()
         for name, command in prepare:
             log = out / f"{system}.{name}.log"
@@ -463,7 +456,7 @@ class Study:
             if returncode != 0:
                 result.update(status="failed", reason=f"{name}: {failure_reason(log, returncode)}",
                               seconds=time.perf_counter() - start)
-                _write_json(out / f"{system}.json", result)
+                write_json(out / f"{system}.json", result)
                 return result
         log = out / f"{system}.log"
         returncode = self.runner(argv, log, self.cell_timeout)
@@ -475,7 +468,7 @@ class Study:
                           f"training ended without retrieval metrics in {RunDir.of(model_dir).final_metrics}")
         else:
             result.update(status="ok", metrics={k: v for k, v in found.items() if k not in ("system", "split")})
-        _write_json(out / f"{system}.json", result)
+        write_json(out / f"{system}.json", result)
         return result
 
     # --- Cells ---
@@ -533,7 +526,7 @@ class Study:
         else:
             record.update(status="ok", metrics=metrics,
                           train={k: v for k, v in final.items() if k.startswith("train/")})
-        _write_json(cell_dir / "cell.json", record)
+        write_json(cell_dir / "cell.json", record)
         return record
 
     # --- The whole study ---
@@ -568,7 +561,7 @@ class Study:
         return self.results
 
     def _save(self) -> None:
-        _write_json(self.results_path, self.results)
+        write_json(self.results_path, self.results)
 
 
 def corpus_stats(dataset: Dataset, split: str) -> dict[str, int]:

@@ -42,7 +42,7 @@ import numpy as np
 
 from gr_jax import entry_point
 from gr_jax import gin_utils
-from gr_jax.run_dir import RunDir
+from gr_jax.run_dir import RunDir, write_json
 from gr_jax.tools import run_study
 from gr_jax.tools.train_fraction import write_fraction
 
@@ -210,7 +210,7 @@ class ScalingStudy:
             sweep = self.beam_sweep(best)
             results["inference"] = {"cell": {k: best[k] for k in ("size", "fraction", "model_dir")},
                                     "points": sweep, **fit_inference(sweep, out_dir=self.out_dir)}
-        run_study._write_json(self.out_dir / "scaling.json", results)
+        write_json(self.out_dir / "scaling.json", results)
         (self.out_dir / "scaling.md").write_text(format_markdown(results))
         return results
 
