@@ -229,8 +229,8 @@ def test_several_lexfiles_and_unknown_ones(tmp_path, wordnet_dir):
                                                out_dir=tmp_path)
     assert list(_dataset_rows(tmp_path)["collection"]) == ["08672738", "08878885", "15046900"]
     assert summary["lexfiles"] == ["noun.location", "noun.substance"]
-    with pytest.raises(ValueError, match=r"unknown noun lexicographer files \['noun.fud', 'verb.body'\]"):
-        wordnet.build_reverse_dictionary(wordnet_dir=wordnet_dir, lexfiles=["noun.fud", "verb.body"],
+    with pytest.raises(ValueError, match=r"unknown lexicographer files \['noun.fud', 'verb.bdy'\]"):
+        wordnet.build_reverse_dictionary(wordnet_dir=wordnet_dir, lexfiles=["noun.fud", "verb.bdy"],
                                          out_dir=tmp_path / "x")
     with pytest.raises(ValueError, match=r"coverage must be in \[0, 1\]"):
         wordnet.build_reverse_dictionary(wordnet_dir=wordnet_dir, lexfiles="all", out_dir=tmp_path, coverage=1.5)

@@ -1,23 +1,28 @@
 """Builds the WordNet 3.0 reverse-dictionary retrieval dataset (the embedded default corpus).
 
-Reverse dictionary: given a definition ("a dairy product made by curdling milk"), retrieve the concept.
-Each noun synset is one document whose docid is its 8-digit synset offset (e.g. "07555863", a natural
-naive docid); the document text is its lemma names, its hypernyms ("a kind of X, Y") and its usage
-examples; the query is its definition, which is *not* part of the document text. Synsets are split by a
-stable hash of the offset into dev queries (`dev_fraction`) and the rest, of which a `coverage` fraction
-get a training query, mirroring the corpus regimes of the study (coverage 0.93 / 0.52 / 0.06). The sets are
-nested: with one seed, the training synsets at coverage 0.52 are a subset of those at 0.93. The definitions of
-the remaining synsets (not dev, not covered) are the `valid` split: queries of documents that, like the dev
-ones, have no training query, disjoint from dev, for choosing a step or hyperparameters without touching dev.
+Reverse dictionary: given a definition ("a dairy product made by curdling milk"), retrieve the concept. Each
+synset of the chosen lexicographer files is one document; the document text is its lemma names, its hypernyms
+("a kind of X, Y"; nouns and verbs have them, adjectives and adverbs do not) and its usage examples; the query
+is its definition, which is *not* part of the document text. A noun's docid is its 8-digit synset offset (e.g.
+"07555863", a natural naive docid); offsets are unique only within one data file, so a verb's, adjective's or
+adverb's docid is its offset and the letter of its data file, as in the Open Multilingual Wordnet
+("01904948-v", "00003553-a" for an adjective or satellite, "00001740-r"). Synsets are split by a stable hash
+of the docid into dev queries (`dev_fraction`) and the rest, of which a `coverage` fraction get a training
+query, mirroring the corpus regimes of the study (coverage 0.93 / 0.52 / 0.06). The sets are nested: with one
+seed, the training synsets at coverage 0.52 are a subset of those at 0.93. The definitions of the remaining
+synsets (not dev, not covered) are the `valid` split: queries of documents that, like the dev ones, have no
+training query, disjoint from dev, for choosing a step or hyperparameters without touching dev.
 
 The output directory has the official MS MARCO layout (collection.tsv, queries.{train,dev,valid}.tsv,
 qrels.{train,dev,valid}.tsv) read by `gr_jax.data.readers.open_dataset`, plus summary.json.
 
     python -m gr_jax.tools.wordnet --out_dir data/wordnet_food --lexfiles noun.food [--wordnet_dir /usr/share/wordnet]
         [--coverage 1.0] [--dev_fraction 0.2] [--seed 0]
+    python -m gr_jax.tools.wordnet --out_dir data/wordnet_motion --lexfiles verb.motion   # or adj.all, adv.all
 
 The WordNet dict files come from Debian's `wordnet-base` (/usr/share/wordnet) or any WordNet 3.0 dict dir,
-such as NLTK's nltk_data/corpora/wordnet. data.noun is parsed here directly (wndb(5WN) format).
+such as NLTK's nltk_data/corpora/wordnet. data.noun, data.verb, data.adj and data.adv are parsed here directly
+(wndb(5WN) format); only the data files of the requested lexicographer files' parts of speech are read.
 """
 from __future__ import annotations
 
@@ -52,6 +57,14 @@ LEXNAMES: tuple[str, ...] = (
     "verb.weather", "adj.ppl",
 )
 
+# A lexname's prefix -> the letter of its data file (the pos of its pointers); in the files' order.
+POS_OF_PREFIX: dict[str, str] = {"noun": "n", "verb": "v", "adj": "a", "adv": "r"}
+DATA_FILES: dict[str, str] = {"n": "data.noun", "v": "data.verb", "a": "data.adj", "r": "data.adv"}
+# The ss_types each data file holds: adjective satellites (s) live in data.adj.
+SS_TYPES: dict[str, tuple[str, ...]] = {"n": ("n",), "v": ("v",), "a": ("a", "s"), "r": ("r",)}
+_SS_TYPE_NAMES = {"n": "noun synsets (n)", "v": "verb synsets (v)", "a": "adjective synsets (a, s)",
+                  "r": "adverb synsets (r)"}
+
 SPLITS = ("train", "dev", "valid")
 OUTPUT_FILES = ("collection.tsv", *(f"{kind}.{split}.tsv" for kind in ("queries", "qrels") for split in SPLITS),
                 "summary.json")
@@ -61,6 +74,8 @@ _POINTERS = re.compile(r"(?:\S+ \d{8} [nvasr] [0-9a-f]{4}(?: |$))*")  # `symbol 
 _QUOTE = re.compile('"')
 _LEX_ID = re.compile(r"[0-9a-f]")
 _ADJECTIVE_MARKER = re.compile(r"\((?:a|p|ip)\)$")
+_FRAME_NUMBER = re.compile(r"\d{2}")
+_FRAME_WORD = re.compile(r"[0-9a-f]{2}")
 _EXAMPLE_SEPARATORS = ";:,"
 
 logger = logging.getLogger(__name__)
@@ -68,7 +83,10 @@ logger = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class Synset:
-    """One noun synset of data.noun; `hypernyms` / `instance_hypernyms` hold synset offsets."""
+    """One synset of a data file; `hypernyms` / `instance_hypernyms` hold synset offsets in the same file.
+
+    pos: the letter of its data file (n, v, a, r): an adjective satellite (ss_type s) has pos "a".
+    """
 
     offset: str
     lexname: str
@@ -77,6 +95,12 @@ class Synset:
     instance_hypernyms: tuple[str, ...]
     definition: str
     examples: tuple[str, ...]
+    pos: str = "n"
+
+    @property
+    def docid(self) -> str:
+        """The offset for a noun (the docids of every noun dataset so far); `offset-pos` otherwise."""
+        return self.offset if self.pos == "n" else f"{self.offset}-{self.pos}"
 
 
 def _missing_wordnet(message: str) -> FileNotFoundError:
@@ -148,10 +172,13 @@ def _lemma_text(word: str) -> str:
 
 
 def parse_data_line(line: str, *, path: str | os.PathLike, line_number: int,
-                    lexnames: Sequence[str]) -> Synset:
-    """Parses one data.noun line: `offset lex_filenum ss_type w_cnt (word lex_id)* p_cnt (ptr)* | gloss`.
+                    lexnames: Sequence[str], pos: str = "n") -> Synset:
+    """Parses one line of the data file of `pos` (n, v, a, r):
+    `offset lex_filenum ss_type w_cnt (word lex_id)* p_cnt (ptr)* [frames] | gloss`.
 
-    w_cnt and lex_id are hexadecimal, p_cnt decimal; a pointer is `symbol offset pos source/target`.
+    w_cnt and lex_id are hexadecimal, p_cnt decimal; a pointer is `symbol offset pos source/target`. Only
+    data.verb has frames: `f_cnt (+ f_num w_num)*`, f_cnt and f_num decimal, w_num hexadecimal (00: all words).
+    Hypernyms (`@`, `@i`) must point into the same file.
     """
     def fail(message: str) -> DataFormatError:
         return DataFormatError.at(path, line_number, message)
@@ -169,8 +196,11 @@ def parse_data_line(line: str, *, path: str | os.PathLike, line_number: int,
         raise fail(f"synset_offset {offset!r} is not 8 digits")
     if not lex_filenum.isdigit() or int(lex_filenum) >= len(lexnames):
         raise fail(f"lex_filenum {lex_filenum!r} is not one of 0..{len(lexnames) - 1}")
-    if ss_type != "n":
-        raise fail(f"ss_type {ss_type!r}: data.noun holds noun synsets (n) only")
+    if ss_type not in SS_TYPES[pos]:
+        raise fail(f"ss_type {ss_type!r}: {DATA_FILES[pos]} holds {_SS_TYPE_NAMES[pos]} only")
+    lexname = lexnames[int(lex_filenum)]
+    if POS_OF_PREFIX.get(lexname.partition(".")[0]) != pos:
+        raise fail(f"lex_filenum {lex_filenum} is {lexname}, not a lexicographer file of {DATA_FILES[pos]}")
     try:
         word_count = int(w_cnt, 16)
     except ValueError:
@@ -188,38 +218,72 @@ def parse_data_line(line: str, *, path: str | os.PathLike, line_number: int,
     if not p_cnt.isdigit():
         raise fail(f"p_cnt {p_cnt!r} is not a decimal number (check w_cnt, which is hexadecimal)")
     pointer_count = int(p_cnt)
-    pointers = tokens[position + 1:]
-    if len(pointers) != 4 * pointer_count:
-        raise fail(f"p_cnt is {pointer_count}: expected {4 * pointer_count} pointer fields, found {len(pointers)}")
+    pointers = tokens[position + 1:position + 1 + 4 * pointer_count]
+    frames = tokens[position + 1 + 4 * pointer_count:]
+    if pos == "v":
+        if len(pointers) != 4 * pointer_count or not frames:
+            raise fail(f"p_cnt is {pointer_count}: expected {4 * pointer_count} pointer fields and then f_cnt, "
+                       f"found {len(tokens) - position - 1} fields")
+        _check_frames(frames, word_count=word_count, fail=fail)
+    elif frames or len(pointers) != 4 * pointer_count:
+        found = len(tokens) - position - 1
+        raise fail(f"p_cnt is {pointer_count}: expected {4 * pointer_count} pointer fields, found {found}")
     if not _POINTERS.fullmatch(" ".join(pointers)):
         bad = next(pointers[i:i + 4] for i in range(0, len(pointers), 4)
                    if not _POINTERS.fullmatch(" ".join(pointers[i:i + 4])))
         raise fail(f"malformed pointer {' '.join(bad)!r}: expected `symbol offset pos source/target`")
     hypernyms, instance_hypernyms = [], []
-    for symbol, target, pos in zip(pointers[0::4], pointers[1::4], pointers[2::4]):
+    for symbol, target, target_pos in zip(pointers[0::4], pointers[1::4], pointers[2::4]):
         if symbol in ("@", "@i"):
-            if pos != "n":
-                raise fail(f"noun hypernym pointer to a synset of pos {pos!r}")
+            if target_pos != pos:
+                raise fail(f"{_POS_NAMES[pos]} hypernym pointer to a synset of pos {target_pos!r}")
             (hypernyms if symbol == "@" else instance_hypernyms).append(target)
     definition, examples = split_gloss(gloss)
-    return Synset(offset=offset, lexname=lexnames[int(lex_filenum)], lemmas=lemmas, hypernyms=tuple(hypernyms),
-                  instance_hypernyms=tuple(instance_hypernyms), definition=definition, examples=examples)
+    return Synset(offset=offset, lexname=lexname, lemmas=lemmas, hypernyms=tuple(hypernyms),
+                  instance_hypernyms=tuple(instance_hypernyms), definition=definition, examples=examples, pos=pos)
+
+
+_POS_NAMES = {"n": "noun", "v": "verb", "a": "adjective", "r": "adverb"}
+
+
+def _check_frames(frames: Sequence[str], *, word_count: int, fail) -> None:
+    """Checks a verb's `f_cnt (+ f_num w_num)*` (they are not part of the dataset, but a miscount is an error)."""
+    f_cnt = frames[0]
+    if not f_cnt.isdigit():
+        raise fail(f"f_cnt {f_cnt!r} is not a decimal number (check p_cnt and the pointers before it)")
+    frame_count = int(f_cnt)
+    if len(frames) - 1 != 3 * frame_count:
+        raise fail(f"f_cnt is {frame_count}: expected {3 * frame_count} frame fields, found {len(frames) - 1}")
+    for i in range(1, len(frames), 3):
+        plus, f_num, w_num = frames[i:i + 3]
+        if plus != "+" or not _FRAME_NUMBER.fullmatch(f_num) or not _FRAME_WORD.fullmatch(w_num):
+            raise fail(f"malformed frame {' '.join(frames[i:i + 3])!r}: expected `+ f_num w_num`")
+        if int(w_num, 16) > word_count:
+            raise fail(f"frame {' '.join(frames[i:i + 3])!r} names word {int(w_num, 16)} of {word_count}")
 
 
 def read_noun_synsets(wordnet_dir: str | os.PathLike) -> dict[str, Synset]:
     """All synsets of `wordnet_dir/data.noun`, by offset, in file order; checks every hypernym exists."""
+    return read_synsets(wordnet_dir, pos="n")
+
+
+def read_synsets(wordnet_dir: str | os.PathLike, *, pos: str) -> dict[str, Synset]:
+    """All synsets of the data file of `pos` (n: data.noun, v: data.verb, a: data.adj, r: data.adv), by
+    offset, in file order; checks every hypernym exists in that file."""
+    if pos not in DATA_FILES:
+        raise ValueError(f"pos {pos!r} is not one of {list(DATA_FILES)}")
     wordnet_dir = pathlib.Path(wordnet_dir)
     if not wordnet_dir.is_dir():
         raise _missing_wordnet(f"WordNet dict dir {wordnet_dir} does not exist")
-    path = wordnet_dir / "data.noun"
+    path = wordnet_dir / DATA_FILES[pos]
     if not path.is_file():
         found = sorted(p.name for p in wordnet_dir.iterdir())
-        raise _missing_wordnet(f"{wordnet_dir} has no data.noun (found: {found or 'nothing'})")
+        raise _missing_wordnet(f"{wordnet_dir} has no {DATA_FILES[pos]} (found: {found or 'nothing'})")
     lexnames = read_lexnames(wordnet_dir)
     synsets: dict[str, Synset] = {}
     line_numbers: dict[str, int] = {}
     for line_number, line in _data_lines(path):
-        synset = parse_data_line(line, path=path, line_number=line_number, lexnames=lexnames)
+        synset = parse_data_line(line, path=path, line_number=line_number, lexnames=lexnames, pos=pos)
         if synset.offset in synsets:
             raise DataFormatError.at(path, line_number, f"duplicate synset_offset {synset.offset}")
         synsets[synset.offset] = synset
@@ -228,7 +292,7 @@ def read_noun_synsets(wordnet_dir: str | os.PathLike) -> dict[str, Synset]:
         for target in synset.hypernyms + synset.instance_hypernyms:
             if target not in synsets:
                 raise DataFormatError.at(path, line_numbers[synset.offset],
-                                         f"hypernym pointer to {target}, which is not in data.noun")
+                                         f"hypernym pointer to {target}, which is not in {DATA_FILES[pos]}")
     return synsets
 
 
@@ -236,7 +300,8 @@ def document_text(synset: Synset, synsets: Mapping[str, Synset]) -> str:
     """`lemma, lemma; a kind of X, Y; an instance of Z; example; example` (no definition: that is the query).
 
     Hypernyms contribute their first two lemma names; instance hypernyms (`@i`, e.g. a city -> "an instance
-    of city") are phrased as such, since "a kind of" would be false for them.
+    of city") are phrased as such, since "a kind of" would be false for them. `synsets`: those of the synset's
+    own data file (a verb's hypernyms are verbs; adjectives and adverbs have none).
     """
     parts = [", ".join(synset.lemmas)]
     parts += ["a kind of " + ", ".join(synsets[h].lemmas[:2]) for h in synset.hypernyms]
@@ -256,13 +321,15 @@ def _resolve_lexfiles(lexfiles: str | Sequence[str], lexnames: Sequence[str]) ->
     names = [lexfiles] if isinstance(lexfiles, str) else list(lexfiles)
     names = [name.strip() for entry in names for name in entry.split(",") if name.strip()]
     nouns = tuple(name for name in lexnames if name.startswith("noun."))
+    known = tuple(name for name in lexnames if name.partition(".")[0] in POS_OF_PREFIX)
     if names == [ALL_NOUNS]:
         return nouns
     if not names:
-        raise ValueError(f"no lexicographer files given; choose {ALL_NOUNS!r} or some of {list(nouns)}")
-    unknown = [name for name in names if name not in nouns]
+        raise ValueError(f"no lexicographer files given; choose {ALL_NOUNS!r} (every noun) or some of {list(known)}")
+    unknown = [name for name in names if name not in known]
     if unknown:
-        raise ValueError(f"unknown noun lexicographer files {unknown}; choose {ALL_NOUNS!r} or some of {list(nouns)}")
+        raise ValueError(f"unknown lexicographer files {unknown}; choose {ALL_NOUNS!r} (every noun) or some of "
+                         f"{list(known)}")
     return tuple(dict.fromkeys(names))
 
 
@@ -290,8 +357,10 @@ def build_reverse_dictionary(
     seed: int = 0,
     overwrite: bool = False,
 ) -> dict:
-    """Writes the reverse-dictionary dataset for the noun synsets of `lexfiles` ("all" = every noun) and
-    returns its summary (also written to summary.json).
+    """Writes the reverse-dictionary dataset for the synsets of `lexfiles` (noun.food, verb.motion, adj.all,
+    adv.all, ...; "all" = every noun) and returns its summary (also written to summary.json).
+
+    Documents come in the order of the data files (nouns, verbs, adjectives, adverbs), each in file order.
 
     Every selected synset is a document. A synset whose stable hash falls under `dev_fraction` has its
     definition as a dev query; of the others, those under `coverage` (a second hash) get a training query
@@ -302,28 +371,37 @@ def build_reverse_dictionary(
         raise ValueError(f"coverage must be in [0, 1], got {coverage}")
     if not 0.0 <= dev_fraction <= 1.0:
         raise ValueError(f"dev_fraction must be in [0, 1], got {dev_fraction}")
-    synsets = read_noun_synsets(wordnet_dir)
+    wordnet_dir_path = pathlib.Path(wordnet_dir)
+    if not wordnet_dir_path.is_dir():
+        raise _missing_wordnet(f"WordNet dict dir {wordnet_dir_path} does not exist")
     selected_lexfiles = _resolve_lexfiles(lexfiles, read_lexnames(wordnet_dir))
     wanted = set(selected_lexfiles)
-    selected = [synset for synset in synsets.values() if synset.lexname in wanted]
+    wanted_pos = {POS_OF_PREFIX[name.partition(".")[0]] for name in selected_lexfiles}
+    # (synset, the synsets of its data file: its hypernyms' names), nouns first.
+    selected: list[tuple[Synset, Mapping[str, Synset]]] = []
+    for pos in DATA_FILES:
+        if pos in wanted_pos:
+            synsets = read_synsets(wordnet_dir, pos=pos)
+            selected += [(synset, synsets) for synset in synsets.values() if synset.lexname in wanted]
 
     documents, train_queries, dev_queries, valid_queries = [], [], [], []
     dev_synsets = train_pool = empty_definition = empty_document = 0
-    for synset in selected:
+    for synset, synsets in selected:
         text = document_text(synset, synsets)
         empty_document += not text
-        documents.append((synset.offset, text))
-        is_dev = stable_fraction(synset.offset, purpose="dev", seed=seed) < dev_fraction
+        docid = synset.docid  # Nouns: the offset, hashed as before (published splits stay put).
+        documents.append((docid, text))
+        is_dev = stable_fraction(docid, purpose="dev", seed=seed) < dev_fraction
         dev_synsets += is_dev
         if not synset.definition:
             empty_definition += 1
             continue
-        query = (synset.offset, synset.definition)
+        query = (docid, synset.definition)
         if is_dev:
             dev_queries.append(query)
         else:
             train_pool += 1
-            if stable_fraction(synset.offset, purpose="coverage", seed=seed) < coverage:
+            if stable_fraction(docid, purpose="coverage", seed=seed) < coverage:
                 train_queries.append(query)
             else:
                 valid_queries.append(query)
@@ -366,9 +444,10 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m gr_jax.tools.wordnet", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out_dir", required=True, help="dataset directory to write (MS MARCO layout)")
     parser.add_argument("--lexfiles", nargs="+", required=True,
-                        help=f"noun lexicographer files (noun.food noun.plant, or comma-separated) or {ALL_NOUNS!r}")
+                        help="lexicographer files (noun.food verb.motion adj.all adv.all, or comma-separated) "
+                             f"or {ALL_NOUNS!r} (every noun)")
     parser.add_argument("--wordnet_dir", default=DEFAULT_WORDNET_DIR,
-                        help=f"WordNet 3.0 dict dir holding data.noun (default: {DEFAULT_WORDNET_DIR})")
+                        help=f"WordNet 3.0 dict dir holding data.noun, data.verb, ... (default: {DEFAULT_WORDNET_DIR})")
     parser.add_argument("--coverage", type=float, default=1.0,
                         help="fraction of non-dev synsets whose definition is a training query (default: 1.0)")
     parser.add_argument("--dev_fraction", type=float, default=0.2,
