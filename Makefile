@@ -50,17 +50,18 @@ demo: $(STAMP) $(DEMO_DATA)/spm.model
 	  > $(DEMO_DIR)/bm25.json
 	@echo "all-MiniLM-L6-v2 zero-shot (dense retrieval): encoding the documents, ranking the dev definitions"
 	@$(PY) -m gr_jax.train --gin_file=dense/minilm.gin --gin.DATA_DIR=$(DEMO_DATA) --gin.MODEL_DIR=$(DEMO_DIR)/minilm \
-	  --gin.TRAIN_STEPS=0 --gin.DOCUMENT_LENGTH=64 --gin.training.EvalConfig.every_steps=-1
+	  --gin.TRAIN_STEPS=0 --gin.DOCUMENT_LENGTH=64 --gin.training.EvalConfig.every_steps=-1 > $(DEMO_DIR)/minilm.train.json
 	@$(PY) -m gr_jax.eval --gin_file=$(DEMO_DIR)/minilm/config.gin > $(DEMO_DIR)/minilm.json
 	@echo "Training a tiny T5.1.1 for $(DEMO_STEPS) steps, then ranking the dev definitions"
 	@$(PY) -m gr_jax.train --gin_file=experiments/wordnet_demo.gin --gin.MODEL_DIR=$(DEMO_DIR) \
-	  --gin.TRAIN_STEPS=$(DEMO_STEPS)
+	  --gin.TRAIN_STEPS=$(DEMO_STEPS) > $(DEMO_DIR)/gr.train.json
 	@echo "GDR: 64 clusters of the MiniLM vectors, a tiny T5.1.1 cluster decoder on the frozen MiniLM, $(DEMO_GDR_STEPS) steps"
 	@$(PY) -m gr_jax.tools.gdr_index build --index_dir $(DEMO_DIR)/minilm/index/0 --branching 8,8 \
 	  --out_dir $(DEMO_DIR)/gdr_index > $(DEMO_DIR)/gdr_index.json
 	@$(PY) -m gr_jax.train --gin_file=gdr/minilm.gin --gin_file=models/t5_1_1/tiny.gin --gin.DATA_DIR=$(DEMO_DATA) \
 	  --gin.GDR_INDEX=$(DEMO_DIR)/gdr_index --gin.MODEL_DIR=$(DEMO_DIR)/gdr --gin.TRAIN_STEPS=$(DEMO_GDR_STEPS) \
-	  --gin.TRAIN_QUERY_TOWER=False --gin.QUERY_LENGTH=32 --gin.WARMUP_STEPS=20 --gin.CLUSTERS_RECALLED=20
+	  --gin.TRAIN_QUERY_TOWER=False --gin.QUERY_LENGTH=32 --gin.WARMUP_STEPS=20 --gin.CLUSTERS_RECALLED=20 \
+	  > $(DEMO_DIR)/gdr.train.json
 	@$(PY) -m gr_jax.tools.demo_report --model_dir $(DEMO_DIR) --bm25 $(DEMO_DIR)/bm25.json \
 	  --dense $(DEMO_DIR)/minilm.json --gdr $(DEMO_DIR)/gdr/final_metrics.json
 

@@ -1,4 +1,4 @@
-"""What every entry point and tool does around its work: a quiet start-up, console logging, and bad input ending
+"""What every entry point and tool does around its work: a quiet start-up, console logging, and every error ending
 in one clear line.
 
 * TensorFlow (seqio's pipelines) prints C++ start-up lines when it is first imported (absl's "before
@@ -7,7 +7,8 @@ in one clear line.
   still shows. It also keeps TensorFlow off the accelerators, which belong to JAX.
 * Bad input (a missing file, an existing output, a malformed line, a setting that cannot work) ends the program
   with `error: <message>` (the message names the file and line where there is one) and exit status 1, not a
-  traceback. Set GR_JAX_TRACEBACK=1 to see the traceback instead.
+  traceback. Any other error ends with `error: <type>: <message>` and its traceback goes to the run's log file
+  (`gr_jax.logs`). Set GR_JAX_TRACEBACK=1 to see tracebacks instead.
 """
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
+
+from gr_jax import logs
 
 # Errors that mean the input or the machine is wrong, not the program: a missing, existing or unreadable file (gin's
 # "Unable to open file" is a plain OSError), a full disk, a malformed line (DataFormatError is a ValueError).
@@ -67,10 +70,11 @@ class _DropSeqioCacheAdvice(logging.Filter):
 _SEQIO_CACHE_ADVICE = _DropSeqioCacheAdvice()
 
 
-def setup(*, log_format: str = "%(asctime)s %(levelname)s %(name)s: %(message)s") -> None:
-    """TensorFlow imported quietly and kept off the accelerators, then console logging at GR_JAX_LOG_LEVEL (default
-    INFO; e.g. WARNING for a demo that should show only progress bars and results). Call it first: before any
-    import that loads TensorFlow (seqio, `gr_jax.training`), whose start-up would otherwise print."""
+def setup(*, log_format: str = logs.FORMAT) -> None:
+    """TensorFlow imported quietly and kept off the accelerators, then console logging (`gr_jax.logs`) at
+    GR_JAX_LOG_LEVEL (default INFO; e.g. WARNING for a demo that should show only progress bars and results). Call it
+    first: before any import that loads TensorFlow (seqio, `gr_jax.training`), whose start-up would otherwise print,
+    and before anything logs."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     if "tensorflow" not in sys.modules:
         with _quiet_stderr():  # hiding GPUs initialises TensorFlow's CUDA platform, which prints too
@@ -81,20 +85,31 @@ def setup(*, log_format: str = "%(asctime)s %(levelname)s %(name)s: %(message)s"
                 pass
             except RuntimeError:  # pragma: no cover - devices already initialised
                 pass
-    # Before anything logs: a module-level `logging.warning` (absl's, seqio's) would otherwise configure the root
-    # logger with Python's defaults first, and this call would do nothing.
-    logging.basicConfig(level=os.environ.get("GR_JAX_LOG_LEVEL", "INFO").upper(), format=log_format)
+    logs.configure_console(log_format=log_format)
     logging.getLogger("absl").addFilter(_SEQIO_CACHE_ADVICE)  # added once, however often setup runs
 
 
 def run(body: Callable[[], T]) -> T:
-    """Runs an entry point's body, ending bad input (`BAD_INPUT`) with `error: <message>` and exit status 1."""
+    """Runs an entry point's body, ending any error in one `error:` line and exit status 1 (130 when interrupted).
+
+    Bad input (`BAD_INPUT`) is its message alone; any other error also names its type and says where its traceback
+    went: into the run's log file (`gr_jax.logs`), if one is attached. GR_JAX_TRACEBACK=1 raises it as usual."""
     try:
         return body()
-    except BAD_INPUT as e:
-        if os.environ.get("GR_JAX_TRACEBACK"):
+    except KeyboardInterrupt:
+        if logs.show_tracebacks():
             raise
-        sys.exit(f"error: {_GIN_CALL_CONTEXT.sub('', str(e))}")
+        print("interrupted", file=sys.stderr, flush=True)
+        sys.exit(130)
+    except Exception as e:  # noqa: BLE001 - the one place every entry point's errors end
+        if logs.show_tracebacks():
+            raise
+        message = _GIN_CALL_CONTEXT.sub("", str(e))
+        if isinstance(e, BAD_INPUT):
+            sys.exit(f"error: {message}")
+        log = logs.traceback_file(e)
+        where = f"its traceback is in {log}" if log else "GR_JAX_TRACEBACK=1 shows its traceback"
+        sys.exit(f"error: {type(e).__name__}: {message} ({where})")
 
 
 def run_tool(build: Callable[[], dict], *, report: Callable[[dict], Any] = lambda summary: summary,

@@ -25,6 +25,8 @@ from tensorboard.compat.proto import tensor_shape_pb2
 from tensorboard.compat.proto import types_pb2
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
+from gr_jax import logs
+
 logger = logging.getLogger(__name__)
 
 _SCALARS = summary_pb2.SummaryMetadata(plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"),
@@ -83,7 +85,7 @@ class MetricWriter:
                 raise TypeError(f"text summary {name!r} must be a str, got {type(text).__name__}")
         if self.log_to_console:
             for name, text in texts.items():
-                logger.info("[%d] %s:\n%s", step, name, text)
+                logger.info("[%d] %s:\n%s", step, name, text, extra=logs.FILE_ONLY)
         if self._writer is not None:
             self._write(step, [summary_pb2.Summary.Value(tag=name, tensor=_text_tensor(text), metadata=_TEXT)
                                for name, text in texts.items()])

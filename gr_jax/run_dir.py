@@ -11,6 +11,8 @@
     index/{step}/                       a dense run's corpus index, encoded by that checkpoint
     document_encoder.json               a GDR run's fingerprint of the encoder of its document vectors
     train_examples-{p}-of-{n}.jsonl     each step's example fingerprints, per process (when recorded)
+    log.txt, log.{p}.txt                every log record of training and evaluation, tracebacks included
+                                        (`gr_jax.logs`), of process 0 and of each other process
 """
 from __future__ import annotations
 
@@ -53,6 +55,9 @@ class RunDir:
     @property
     def document_encoder(self) -> pathlib.Path:
         return self.path / "document_encoder.json"
+
+    def log(self, process: int) -> pathlib.Path:
+        return self.path / ("log.txt" if process == 0 else f"log.{process}.txt")
 
     def index(self, step: int) -> pathlib.Path:
         return self.path / "index" / str(step)

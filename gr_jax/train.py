@@ -1,6 +1,10 @@
-"""Entry point: `python -m gr_jax.train --gin_file=runs/train.gin --gin_file=... --gin.MODEL_DIR=...`."""
+"""Entry point: `python -m gr_jax.train --gin_file=runs/train.gin --gin_file=... --gin.MODEL_DIR=...`.
+
+Trains (resuming from MODEL_DIR's latest intact checkpoint) and prints the final metrics as one JSON line.
+"""
 from __future__ import annotations
 
+import json
 import sys
 
 import gin
@@ -19,7 +23,8 @@ def main(argv=None) -> None:
 
         gin_utils.parse_gin(gin_files=gin_files, bindings=bindings, search_paths=args.gin_search_path)
         gin_utils.initialize_distributed()
-        gin.get_configurable(training.train)(gin_config_str=gin.config_str())
+        report = gin.get_configurable(training.train)(gin_config_str=gin.config_str())
+        print(json.dumps(report), flush=True)  # the final metrics, at any GR_JAX_LOG_LEVEL
 
     entry_point.run(body)
 

@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from gr_jax import entry_point
+from gr_jax import logs
 from gr_jax.data.readers import DataFormatError
 
 
@@ -47,9 +48,35 @@ def test_bad_input_ends_with_one_line(error, monkeypatch):
     assert entry_point.run(lambda: 42) == 42
 
 
-def test_other_errors_keep_their_traceback():
+def test_other_errors_end_in_one_line_naming_the_log_that_holds_their_traceback(tmp_path, monkeypatch):
+    monkeypatch.delenv("GR_JAX_TRACEBACK", raising=False)
+    with pytest.raises(SystemExit) as exit_info:
+        entry_point.run(lambda: {}["missing"])
+    assert exit_info.value.code == "error: KeyError: 'missing' (GR_JAX_TRACEBACK=1 shows its traceback)"
+
+    def failing_run():
+        with logs.run_log(tmp_path / "log.txt"):
+            raise RuntimeError("a bug")
+
+    with pytest.raises(SystemExit) as exit_info:
+        entry_point.run(failing_run)
+    assert exit_info.value.code == f"error: RuntimeError: a bug (its traceback is in {tmp_path / 'log.txt'})"
+    log = (tmp_path / "log.txt").read_text()
+    assert "Traceback (most recent call last)" in log and 'raise RuntimeError("a bug")' in log
+    monkeypatch.setenv("GR_JAX_TRACEBACK", "1")
     with pytest.raises(KeyError):
         entry_point.run(lambda: {}["missing"])
+
+
+def test_an_interrupt_ends_in_one_line(monkeypatch, capsys):
+    monkeypatch.delenv("GR_JAX_TRACEBACK", raising=False)
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit) as exit_info:
+        entry_point.run(interrupted)
+    assert exit_info.value.code == 130 and capsys.readouterr().err == "interrupted\n"
 
 
 def test_gin_call_context_is_dropped_from_the_line(monkeypatch):

@@ -17,7 +17,8 @@ PACKAGES = {"gr_jax": "gr_jax", "tasks": "gr_jax.tasks", "tools": "gr_jax.tools"
 
 # Bottom to top: a module may import its own layer and the layers below. A name covers its package's modules.
 LAYERS = {
-    "base": ["gr_jax", "gr_jax.run_dir", "gr_jax.partitioning", "gr_jax.metrics", "gr_jax.metric_writers",
+    "base": ["gr_jax", "gr_jax.logs", "gr_jax.run_dir", "gr_jax.partitioning", "gr_jax.metrics",
+             "gr_jax.metric_writers",
              # The families' package docstrings, which import nothing.
              *(f"gr_jax.{family}" for family in ("dense", "gdr", "ngrams", "ranking", "scaling"))],
     "data": ["gr_jax.vocabulary", "gr_jax.data", "gr_jax.docids", "gr_jax.tasks", "gr_jax.evaluation",

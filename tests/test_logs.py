@@ -1,0 +1,82 @@
+"""Where log records go (`gr_jax.logs`): the console shows gr_jax's records and other libraries' problems, without
+tracebacks; a run's log file keeps everything, including what was logged before it was opened."""
+import logging
+
+import pytest
+
+from gr_jax import logs
+
+
+def _record(name: str, level: int, message: str = "m", *, exc_info=None, **extra) -> logging.LogRecord:
+    record = logging.LogRecord(name, level, __file__, 1, message, (), exc_info)
+    record.__dict__.update(extra)
+    return record
+
+
+@pytest.mark.parametrize("name, level, shown", [
+    ("gr_jax.training", logging.INFO, True), ("gr_jax", logging.INFO, True), ("__main__", logging.INFO, True),
+    ("gr_jax.training", logging.DEBUG, False), ("absl", logging.INFO, False),
+    ("jax._src.xla_bridge", logging.INFO, False),
+    ("absl", logging.WARNING, True), ("gr_jaxx", logging.INFO, False), ("orbax", logging.ERROR, True)])
+def test_console_shows_own_records_from_the_level_and_others_from_warning(name, level, shown):
+    assert logs.ConsoleFilter(level=logging.INFO).filter(_record(name, level)) is shown
+
+
+def test_console_level_above_warning_applies_to_every_logger():
+    console = logs.ConsoleFilter(level=logging.ERROR)
+    assert not console.filter(_record("gr_jax.training", logging.WARNING))
+    assert not console.filter(_record("absl", logging.WARNING))
+    assert console.filter(_record("absl", logging.ERROR))
+
+
+def test_file_only_records_never_reach_the_console():
+    assert not logs.ConsoleFilter(level=logging.DEBUG).filter(_record("gr_jax.x", logging.ERROR, **logs.FILE_ONLY))
+
+
+def test_console_line_has_the_error_not_its_traceback(monkeypatch):
+    monkeypatch.delenv("GR_JAX_TRACEBACK", raising=False)
+    try:
+        raise OSError(28, "No space left on device")
+    except OSError as e:
+        record = _record("orbax", logging.ERROR, "save failed", exc_info=(type(e), e, e.__traceback__))
+    formatter = logs.ConsoleFormatter("%(levelname)s %(name)s: %(message)s")
+    assert formatter.format(record) == "ERROR orbax: save failed: OSError: [Errno 28] No space left on device"
+    full = logging.Formatter("%(message)s").format(record)  # the file's formatter still has the traceback
+    assert full.startswith("save failed\nTraceback (most recent call last)") and "No space left" in full
+    monkeypatch.setenv("GR_JAX_TRACEBACK", "1")
+    assert "Traceback (most recent call last)" in formatter.format(record)
+
+
+def test_run_log_holds_earlier_records_and_the_error_that_ended_the_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("GR_JAX_LOG_LEVEL", "WARNING")
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        logs.configure_console()
+        logging.getLogger("absl").info("before the run")
+        with pytest.raises(ValueError) as error:
+            with logs.run_log(tmp_path / "run" / "log.txt") as path:
+                logging.getLogger("gr_jax.training").info("during the run")
+                raise ValueError("bad")
+        logging.getLogger("gr_jax.training").info("after the run")
+        text = path.read_text()
+        assert [line.split(": ", 1)[1] for line in text.splitlines() if " INFO " in line] == [
+            "before the run", "during the run"]
+        assert "ERROR gr_jax.logs: the run ended with an error\nTraceback" in text and "ValueError: bad" in text
+        assert logs.traceback_file(error.value) == tmp_path / "run" / "log.txt"
+        with logs.run_log(tmp_path / "next.txt") as second:  # the record between the runs opens the next run's log
+            pass
+        assert [line.split(": ", 1)[1] for line in second.read_text().splitlines()] == ["after the run"]
+    finally:
+        for handler in [h for h in root.handlers if h not in handlers]:
+            root.removeHandler(handler)
+        for handler in handlers:
+            if handler not in root.handlers:
+                root.addHandler(handler)
+        root.setLevel(level)
+
+
+def test_a_misspelt_level_is_bad_input(monkeypatch):
+    monkeypatch.setenv("GR_JAX_LOG_LEVEL", "WARN1NG")
+    with pytest.raises(ValueError, match="GR_JAX_LOG_LEVEL='WARN1NG' is not a logging level"):
+        logs.configure_console()
