@@ -22,7 +22,7 @@ from gr_jax import network
 from gr_jax import optimizers
 from gr_jax import partitioning
 from gr_jax import warm_start
-from gr_jax.data.readers import open_dataset
+from gr_jax.data.readers import EVAL_SPLIT_SETTING, open_dataset
 from gr_jax.docids import DocidSpace
 from gr_jax.docids.identifiers import DocumentIdentifiers
 from gr_jax.evaluator import RetrievalEvaluator
@@ -284,10 +284,13 @@ class BuiltRun:
         """The documents this run can retrieve (for the qrels check of `evaluator`); None: not checked."""
         return None
 
-    def evaluator(self, *, split: str, k: int, max_queries: Optional[int] = None) -> RetrievalEvaluator:
-        """The split's queries (the first `max_queries`) and qrels; judgements naming documents the run cannot
-        retrieve, and judged queries the queries file lacks, are counted in warnings."""
+    def evaluator(self, *, split: str, k: int, max_queries: Optional[int] = None,
+                  setting: str = EVAL_SPLIT_SETTING) -> RetrievalEvaluator:
+        """The split's queries (the first `max_queries`) and qrels (missing: an error naming `setting`, the option
+        that picks the split); judgements naming documents the run cannot retrieve, and judged queries the queries
+        file lacks, are counted in warnings."""
         data = open_dataset(self.experiment.dataset.data_dir)
+        data.require_split(split, setting=setting)
         queries = list(data.queries(split))
         qrels = data.qrels(split)
         data.check_judged_queries(split, qrels=qrels, qids={qid for qid, _ in queries})

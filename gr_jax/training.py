@@ -26,6 +26,7 @@ from gr_jax import metrics as metrics_lib
 from gr_jax import partitioning
 from gr_jax.actions import (Action, EvaluateRetrieval, SaveCheckpoint, SelectModel, StopOnNonFiniteLoss,
                             TrainingProgress, TrainingRun, WriteTrainMetrics)
+from gr_jax.data.readers import EVAL_SPLIT_SETTING
 from gr_jax.evaluation import write_trec_run
 from gr_jax.evaluator import RetrievalEvaluator
 from gr_jax.experiment import BuiltRun
@@ -87,9 +88,9 @@ class EvalConfig:
         """The run's model as a retriever with these settings (`Built.retriever`)."""
         return built.retriever(params, settings=self, show_progress=show_progress)
 
-    def evaluator(self, built: BuiltRun, split: str) -> RetrievalEvaluator:
-        """The split's first `max_queries` queries, ranked `depth` deep."""
-        return built.evaluator(split=split, k=self.depth, max_queries=self.max_queries)
+    def evaluator(self, built: BuiltRun, split: str, *, setting: str = EVAL_SPLIT_SETTING) -> RetrievalEvaluator:
+        """The split's first `max_queries` queries, ranked `depth` deep (`setting`: what picks the split)."""
+        return built.evaluator(split=split, k=self.depth, max_queries=self.max_queries, setting=setting)
 
     def actions(self, built: BuiltRun, *, show_progress: bool = False) -> list[Action]:
         """The evaluation actions of a run: none, the eval split's, or model selection and the final evaluation,
@@ -102,7 +103,8 @@ class EvalConfig:
                                   every_steps=0 if self.select_split else self.every_steps)
         if self.select_split is None:
             return [final]
-        select = SelectModel(retriever=retriever, evaluator=self.evaluator(built, self.select_split),
+        select = SelectModel(retriever=retriever, evaluator=self.evaluator(
+                                 built, self.select_split, setting="--gin.training.EvalConfig.select_split"),
                              split=self.select_split, metric=self.select_metric, every_steps=self.every_steps,
                              patience=self.patience)
         return [select, final]
@@ -303,12 +305,13 @@ def train(*, experiment: RunExperiment, num_train_steps: int, checkpoint_every_s
     return report
 
 
-def evaluate(*, experiment: RunExperiment, eval_config: EvalConfig = EvalConfig(), split: Optional[str] = None,
-             step: Optional[int] = None, progress: bool = True) -> dict[str, float]:
-    """Evaluates a checkpoint on a split's queries; writes `run.{split}.{step}.trec` and `eval.{split}.{step}.json`."""
+def evaluate(*, experiment: RunExperiment, eval_config: EvalConfig = EvalConfig(), step: Optional[int] = None,
+             progress: bool = True) -> dict[str, float]:
+    """Evaluates a checkpoint on the run's eval split (gin: EVAL_SPLIT); writes `run.{split}.{step}.trec` and
+    `eval.{split}.{step}.json`."""
     built = experiment.build()
     params, step = built.restore_params(step)
-    split = split or experiment.dataset.eval_split
+    split = experiment.dataset.eval_split
     metrics, run = eval_config.evaluator(built, split).evaluate(
         built.retriever(params, settings=eval_config, show_progress=progress, step=step))
     run_dir = RunDir.of(experiment.model_dir)

@@ -321,7 +321,7 @@ def test_dense_baselines_run_as_training_runs_of_the_dense_gins_and_are_cached(d
                         "--gin_bindings=DATASET_NAME = 'fixture_corpus'",
                         f"--gin_bindings=MODEL_DIR = {str(model_dirs / name)!r}",
                         f"--gin_bindings=TRAIN_STEPS = {steps}",
-                        "--gin_bindings=data.DenseData.eval_split = 'valid'"]
+                        "--gin_bindings=EVAL_SPLIT = 'valid'"]
         assert settings == {"split": "valid", "steps": steps, "gin_files": gin_files, "bindings": []}
         assert all((run_study.gin_utils.GIN_CONFIGS_DIR / f).is_file() for f in gin_files)
 
@@ -403,7 +403,7 @@ def test_gdr_systems_chain_vectors_clusters_and_training_after_their_dense_basel
                     f"--gin_bindings=MODEL_DIR = {str(baselines_dir / 'gdr_minilm')!r}",
                     "--gin_bindings=TRAIN_STEPS = 5",
                     f"--gin_bindings=GDR_INDEX = {str(baselines_dir / 'gdr_minilm.clusters')!r}",
-                    "--gin_bindings=data.GdrData.eval_split = 'valid'"]
+                    "--gin_bindings=EVAL_SPLIT = 'valid'"]
     assert settings["document_encoder"] == {"name": "minilm_finetuned", "split": "valid", "steps": 9,
                                             "gin_files": ["dense/minilm.gin"], "bindings": []}
 

@@ -124,6 +124,7 @@ def evaluate(*, data_dir: str, split: str, d2q_file: str | None = None, run_file
     queries file lacks, which score 0.
     """
     dataset = open_dataset(data_dir)
+    dataset.require_split(split, setting="--split")
     expansions = None
     if d2q_file is not None:  # A first pass over the collection for its docids only (8.8M ids fit).
         docids_in_order = [docid for docid, _ in dataset.collection()]

@@ -43,6 +43,8 @@ def hold_out(*, data_dir: str, out_dir: str, fraction: float, seed: int = 0, spl
     out = pathlib.Path(out_dir)
     if out.resolve() == pathlib.Path(data_dir).resolve():
         raise ValueError("--out_dir must differ from --data_dir (the original is kept)")
+    for split in splits:
+        dataset.require_split(split, setting="--split")
     out.mkdir(parents=True, exist_ok=True)
     documents = list(dataset.collection())
     held = np.zeros(len(documents), bool)

@@ -333,7 +333,7 @@ class Study:
         bindings = [f"DATA_DIR = {str(cell.dataset.data_dir)!r}", f"DATASET_NAME = {cell.dataset.name!r}",
                     f"MODEL_DIR = {str(self.cell_dir(cell).resolve())!r}", f"TRAIN_STEPS = {self.steps}",
                     f"MIXTURE_ROW = {cell.row.row.mixture_row!r}", f"DOCID_SCHEME = {cell.scheme!r}",
-                    f"experiment.DatasetConfig.eval_split = {self.split!r}",
+                    f"EVAL_SPLIT = {self.split!r}",
                     *(b for v in cell.row.variants for b in v.bindings), *self.bindings]
         return [self.python, "-m", "gr_jax.train", *(f"--gin_file={f}" for f in gin_files),
                 *(f"--gin_bindings={b}" for b in bindings)]
@@ -399,7 +399,7 @@ class Study:
         gin_files = [*baseline.gin_files, *([f"models/t5_1_1/{self.size}.gin"] if baseline.sized else [])]
         bindings = [f"DATA_DIR = {str(dataset.data_dir)!r}", f"DATASET_NAME = {dataset.name!r}",
                     f"MODEL_DIR = {str(self.dense_dir(dataset, baseline.name).resolve())!r}",
-                    f"TRAIN_STEPS = {steps}", f"data.DenseData.eval_split = {self.split!r}", *baseline.bindings]
+                    f"TRAIN_STEPS = {steps}", f"EVAL_SPLIT = {self.split!r}", *baseline.bindings]
         settings = {"split": self.split, "steps": steps, "gin_files": gin_files, "bindings": list(baseline.bindings)}
         return settings, [self.python, "-m", "gr_jax.train", *(f"--gin_file={f}" for f in gin_files),
                           *(f"--gin_bindings={b}" for b in bindings)]
@@ -424,7 +424,7 @@ class Study:
         bindings = [f"DATA_DIR = {str(dataset.data_dir)!r}", f"DATASET_NAME = {dataset.name!r}",
                     f"MODEL_DIR = {str(self.dense_dir(dataset, system.name).resolve())!r}",
                     f"TRAIN_STEPS = {steps}", f"GDR_INDEX = {str(clusters_dir)!r}",
-                    f"data.GdrData.eval_split = {self.split!r}", *system.bindings]
+                    f"EVAL_SPLIT = {self.split!r}", *system.bindings]
         settings = {"split": self.split, "steps": steps, "gin_files": gin_files, "bindings": list(system.bindings),
                     "branching": list(self.gdr_branching),
                     "document_encoder": {"name": system.document_encoder, **encoder_settings}}

@@ -29,7 +29,7 @@ import logging
 import os
 import pathlib
 from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
-from typing import Literal
+from typing import Literal, Optional
 
 import numpy as np
 
@@ -45,6 +45,11 @@ _BEIR_QRELS_HEADER = ("query-id", "corpus-id", "score")
 
 _MSMARCO_EXPECTED = "MS MARCO layout: collection.tsv, queries.{split}.tsv, qrels.{split}.tsv"
 _BEIR_EXPECTED = "BEIR layout: corpus.jsonl, queries.jsonl, qrels/{split}.tsv"
+
+TRAIN_SPLIT = "train"
+# The one setting that names a run's evaluation split: every family's gin binds its dataset's `eval_split` to the
+# macro, and the tools that read a model dir take the split from the run's config.gin.
+EVAL_SPLIT_SETTING = "--gin.EVAL_SPLIT"
 
 
 class DataFormatError(ValueError):
@@ -280,6 +285,38 @@ class RetrievalDataset:
                 f"splits found there: {list(self.splits()) or 'none'}")
         return path
 
+    def judged_splits(self) -> tuple[str, ...]:
+        """The splits that have both queries and qrels: those a run can be evaluated on."""
+        return tuple(split for split in self.splits()
+                     if self._queries_path(split).is_file() and self._qrels_path(split).is_file())
+
+    def require_split(self, split: str, *, setting: Optional[str] = EVAL_SPLIT_SETTING) -> None:
+        """The one check of a split's files that every reader of queries and qrels runs (`queries`, `qrels`): when
+        `split`'s queries or qrels are missing, a `FileNotFoundError` names the missing file, the splits this data
+        dir has, and the `setting` that picks another (`--gin.EVAL_SPLIT` by default; a tool's own flag, e.g.
+        bm25's `--split`; none for the training split, which has no alternative). Call it before any work."""
+        for path in (self._queries_path(split), self._qrels_path(split)):
+            self._require_split_file(path, split, setting=setting)
+
+    def _require_split_file(self, path: pathlib.Path, split: str, *, setting: Optional[str]) -> pathlib.Path:
+        if path.is_file():
+            return path
+        if self.layout == "beir" and path.name == _BEIR_QUERIES:  # every split's queries: the layout is incomplete
+            return self._require(path, "queries")
+        if split == TRAIN_SPLIT and setting == EVAL_SPLIT_SETTING:
+            setting = None
+        judged = self.judged_splits()
+        message = f"{path} does not exist; this data dir has splits: {', '.join(judged) or 'none'}"
+        others = [s for s in judged if s not in (split, TRAIN_SPLIT)]
+        if setting is not None and len(others) == 1:
+            message += f"; set {setting}={others[0]}"
+        elif setting is not None and others:
+            message += f"; set {setting} to one of {', '.join(others)}"
+        elif setting is not None:
+            message += (f"; it has none to evaluate on besides {TRAIN_SPLIT!r}: add one (e.g. "
+                        f"{self._qrels_path('dev').relative_to(self.data_dir)}) or set {setting}={TRAIN_SPLIT}")
+        raise FileNotFoundError(message)
+
     def collection(self) -> Iterator[tuple[str, str]]:
         """Streams `(docid, text)` for every document."""
         path = self._require(self.collection_path, "document collection")
@@ -293,16 +330,17 @@ class RetrievalDataset:
         return _beir_id_text(_jsonl_record(line, path=path, line_number=line_number), path=path,
                              line_number=line_number, with_title=True)
 
-    def queries(self, split: str) -> Iterator[tuple[str, str]]:
-        """Streams `(qid, text)` for the queries of `split`.
+    def queries(self, split: str, *, setting: Optional[str] = EVAL_SPLIT_SETTING) -> Iterator[tuple[str, str]]:
+        """Streams `(qid, text)` for the queries of `split` (`setting`: see `require_split`).
 
         BEIR keeps all queries in one file; a split's queries are those its qrels name (as BEIR's own loader
         does). Qrels naming queries absent from `queries.jsonl` are counted in a logged warning.
         """
-        path = self._require(self._queries_path(split), f"queries of split {split!r}")
+        path = self._require_split_file(self._queries_path(split), split, setting=setting)
         if self.layout == "msmarco":
             return read_queries(path)
-        return self._beir_split_queries(path, wanted=set(self.qrels(split)), qrels_path=self._qrels_path(split))
+        return self._beir_split_queries(path, wanted=set(self.qrels(split, setting=setting)),
+                                        qrels_path=self._qrels_path(split))
 
     @staticmethod
     def _beir_split_queries(path: pathlib.Path, *, wanted: set[str],
@@ -315,9 +353,9 @@ class RetrievalDataset:
         if found < len(wanted):
             logger.warning("%d queries named in %s are missing from %s", len(wanted) - found, qrels_path, path)
 
-    def qrels(self, split: str) -> dict[str, dict[str, int]]:
-        """Relevance judgements `{qid: {docid: rel}}` of `split`."""
-        path = self._require(self._qrels_path(split), f"qrels of split {split!r}")
+    def qrels(self, split: str, *, setting: Optional[str] = EVAL_SPLIT_SETTING) -> dict[str, dict[str, int]]:
+        """Relevance judgements `{qid: {docid: rel}}` of `split` (`setting`: see `require_split`)."""
+        path = self._require_split_file(self._qrels_path(split), split, setting=setting)
         return read_qrels(path) if self.layout == "msmarco" else read_beir_qrels(path)
 
     def check_qrels(self, split: str, *, docids: Container[str] | None = None,

@@ -19,7 +19,8 @@ import numpy as np
 
 from gr_jax import partitioning
 from gr_jax.candidates import CandidateScorer
-from gr_jax.data.readers import DataFormatError, RetrievalDataset, open_dataset, read_lines
+from gr_jax.data.readers import (EVAL_SPLIT_SETTING, DataFormatError, RetrievalDataset, open_dataset,
+                                 read_lines)
 from gr_jax.ranking import metrics
 from gr_jax.ranking.data import ranked_lists
 from gr_jax.run_dir import RunDir, write_json
@@ -93,6 +94,8 @@ def evaluate_ranking(*, experiment: Any, split: Optional[str] = None, step: Opti
                      batch_size: int = 8, max_k: int = 5, seed: int = 0) -> dict[str, Any]:
     """The ranking metrics of a checkpoint (latest, or `step`) on `split` (default: the run's eval split); writes
     `ranking.{split}.{step}.json` into the model dir and returns what it wrote."""
+    open_dataset(experiment.dataset.data_dir).require_split(
+        split or experiment.dataset.eval_split, setting="--gin.RANKING_SPLIT" if split else EVAL_SPLIT_SETTING)
     built = experiment.build()
     params, step = built.restore_params(step)
     split = split or experiment.dataset.eval_split

@@ -31,7 +31,7 @@ import numpy as np
 from gr_jax import partitioning
 from gr_jax.actions import Action
 from gr_jax.candidates import CandidateScorer, TokenReduction, generation_losses
-from gr_jax.data.readers import open_dataset
+from gr_jax.data.readers import EVAL_SPLIT_SETTING, open_dataset
 from gr_jax.docids.identifiers import DocumentIdentifiers
 from gr_jax.run_dir import RunDir, write_json
 from gr_jax.vocabulary import encode_inputs
@@ -209,6 +209,8 @@ def evaluate_cgl(*, experiment: Any, split: Optional[str] = None, step: Optional
                  config: CglConfig = CglConfig(), progress: bool = True) -> dict[str, Any]:
     """CGL of a checkpoint (latest, or `step`) on `split` (default: the run's eval split); writes
     `cgl.{split}.{step}.json` into the model dir and returns what it wrote."""
+    open_dataset(experiment.dataset.data_dir).require_split(
+        split or experiment.dataset.eval_split, setting="--gin.CGL_SPLIT" if split else EVAL_SPLIT_SETTING)
     built = experiment.build()
     params, step = built.restore_params(step)
     split = split or experiment.dataset.eval_split
