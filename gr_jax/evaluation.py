@@ -15,6 +15,7 @@ Docids need not exist in any corpus: generative models may emit invalid ones, me
 """
 from __future__ import annotations
 
+import logging
 import math
 import operator
 import os
@@ -34,6 +35,19 @@ Qrels = Mapping[str, Mapping[str, int]]
 
 MRR_CUTOFF = 10
 DEFAULT_KS = (1, 5, 10, 20, 100)
+
+logger = logging.getLogger(__name__)
+
+
+def fillable_ks(ks: Sequence[int], *, depth: int | None) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(the cut-offs a ranking `depth` deep can fill, the ones it cannot): Recall@k with k > depth would only
+    repeat Recall@depth (20 beams give Recall@100 = Recall@20), so it is not a Recall@k. depth None: all fill."""
+    ks = tuple(int(k) for k in ks)
+    if depth is None:
+        return ks, ()
+    if depth < 1:
+        raise ValueError(f"depth must be >= 1, got {depth}")
+    return tuple(k for k in ks if k <= depth), tuple(k for k in ks if k > depth)
 
 
 def ranked_docids(ranking: Ranking) -> list[str]:
@@ -57,10 +71,15 @@ def retrieval_metrics(
     qrels: Qrels,
     valid_docids: Container[str] | None = None,
     ks: Sequence[int] = DEFAULT_KS,
+    depth: int | None = None,
 ) -> dict[str, float | int]:
     """MRR@10, Recall@k for each k, nDCG@10 and the rate of invalid top-1 docids.
 
-    Returns ``{"MRR@10", "Recall@{k}" for k in ks, "nDCG@10", "num_queries"[, "invalid_docid_rate"]}``:
+    Returns ``{"MRR@10", "Recall@{k}" for k in ks, "nDCG@10", "num_queries"[, "invalid_docid_rate"]}``, where
+    ``depth`` is the most docids the run's rankings can hold per query (a beam search's beams, a dense retriever's
+    k, BM25's run depth; None: not known, every k is reported): a Recall@k with k > depth is left out, with one
+    warning naming the cut-offs left out and the depth (a corpus smaller than k is no reason: rankings may be
+    shorter than ``depth``).
 
     * ``MRR@10``: mean reciprocal rank of the first relevant docid within the top 10 (0 if none).
     * ``nDCG@10``: trec_eval's ``ndcg_cut.10`` (ir-measures ``nDCG@10``): gain = the qrels grade (graded qrels,
@@ -78,14 +97,20 @@ def retrieval_metrics(
     ks = tuple(int(k) for k in ks)
     if not ks or min(ks) < 1:
         raise ValueError(f"ks must be positive cutoffs, got {ks!r}")
-    depth = max(max(ks), MRR_CUTOFF)
+    ks, unfillable = fillable_ks(ks, depth=depth)
+    if unfillable:
+        logger.warning("%s not reported: the rankings are at most %d docids deep (the ranking depth: beams, "
+                       "ranking_depth or k), so %s would only repeat Recall@%d",
+                       ", ".join(f"Recall@{k}" for k in unfillable), depth,
+                       "it" if len(unfillable) == 1 else "they", depth)
+    columns = max(max(ks, default=1), MRR_CUTOFF)
     qids = list(qrels)
     num_queries = len(qids)
     if num_queries == 0:
         raise ValueError("qrels is empty: there is no query to evaluate")
 
     # hits[i, r]: the docid at rank r (0-based) of query i is relevant. Padding past the ranking is False.
-    hits = np.zeros((num_queries, depth), dtype=bool)
+    hits = np.zeros((num_queries, columns), dtype=bool)
     gains = np.zeros((num_queries, MRR_CUTOFF))
     ideal_gains = np.zeros((num_queries, MRR_CUTOFF))
     num_relevant = np.zeros((num_queries,), dtype=np.int64)
@@ -96,7 +121,7 @@ def retrieval_metrics(
         ranking = ranked_docids(run.get(qid, ()))
         if valid_docids is not None and ranking:
             top1_valid.append(ranking[0] in valid_docids)
-        top = ranking[:depth]
+        top = ranking[:columns]
         for docid in relevant.intersection(top):  # set ops and list.index run in C: fast for 100k queries
             rank = top.index(docid)
             hits[i, rank] = True
@@ -110,7 +135,7 @@ def retrieval_metrics(
     first_hit = np.argmax(in_cutoff, axis=1)
     reciprocal_rank = np.where(in_cutoff.any(axis=1), 1.0 / (first_hit + 1.0), 0.0)
     metrics[f"MRR@{MRR_CUTOFF}"] = float(reciprocal_rank.mean())
-    cumulative_hits = np.cumsum(hits, axis=1)  # int[num_queries, depth]
+    cumulative_hits = np.cumsum(hits, axis=1)  # int[num_queries, columns]
     safe_denominator = np.maximum(num_relevant, 1)
     for k in ks:
         recall = cumulative_hits[:, k - 1] / safe_denominator

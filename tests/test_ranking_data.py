@@ -259,5 +259,5 @@ def test_host_made_training_needs_no_tensorflow(ranked_hypernyms, tmp_path):
     with_tf = json.loads((tmp_path / "with_tf" / "final_metrics.json").read_text())
     jax_only = json.loads((tmp_path / "jax_only" / "final_metrics.json").read_text())
     assert list((tmp_path / "jax_only").glob("events.out.tfevents.*"))
-    for key in ("train/loss", "train/token_accuracy", "eval/MRR@10", "eval/Recall@10"):
+    for key in ("train/loss", "train/token_accuracy", "eval/MRR@10", "eval/Recall@1"):  # 4 beams: no Recall@10
         assert jax_only[key] == pytest.approx(with_tf[key], rel=1e-5, abs=1e-7), key

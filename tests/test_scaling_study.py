@@ -2,6 +2,7 @@
 and the beam sweep, with stand-ins for the subprocesses."""
 import json
 import pathlib
+import re
 
 import pytest
 
@@ -58,8 +59,9 @@ class FakeRunner:
         self.calls.append(("eval", cell["size"], cell["fraction"], beams))
         self.steps["eval", cell["size"], cell["fraction"]] = int(bindings["training.evaluate.step"])
         miss = (BEAM_LAW[0] / flops(model_dir, beams)) ** BEAM_LAW[1] + BEAM_LAW[2]
-        log_path.write_text(json.dumps({"MRR@10": 1 - miss, "Recall@5": 1 - miss, "Recall@20": 1 - miss / 2,
-                                        "Recall@100": 1 - miss / 4}) + "\n")
+        recall = {5: 1 - miss, 20: 1 - miss / 2, 100: 1 - miss / 4}  # gr_jax.eval: only the k the beams fill
+        log_path.write_text(json.dumps({"MRR@10": 1 - miss, **{f"Recall@{k}": r for k, r in recall.items()
+                                                               if k <= beams}}) + "\n")
         return 0
 
     @staticmethod
@@ -75,7 +77,7 @@ def flops(cell_dir, beams):
 def test_the_grid_trains_measures_and_fits_the_planted_laws(tmp_path):
     out_dir = tmp_path / "scaling"
     args = ["--data_dir", str(FIXTURES / "tasks"), "--out_dir", str(out_dir), "--sizes", "p100k,p800k,p2m,tiny",
-            "--fractions", "0.5,1.0", "--steps", "3", "--beams", "1,2,4,8,16", "--cgl_negatives", "16"]
+            "--fractions", "0.5,1.0", "--steps", "3", "--beams", "5,10,20,40,80", "--cgl_negatives", "16"]
     runner = FakeRunner()
     results = scaling_study.main(args, runner=runner, preflight=lambda **_: {"firstp_labeled"}, flops=flops,
                                  params=PARAMS.__getitem__)
@@ -95,9 +97,16 @@ def test_the_grid_trains_measures_and_fits_the_planted_laws(tmp_path):
     assert results["inference"]["cell"]["size"] == "tiny" and results["inference"]["cell"]["fraction"] == 1.0
     mr5 = results["inference"]["fits"]["MR@5"]
     assert mr5["parameters"]["sigma"] == pytest.approx(BEAM_LAW[1], rel=1e-3) and mr5["r2"] > 0.999999
+    # MR@k only where the beams fill k: MR@20 from 20, 40 and 80 beams; no beam size fills MR@100.
+    assert [sorted(p) for p in results["inference"]["points"]][:3] == [
+        ["MR@5", "MRR@10", "beams", "flops"], ["MR@5", "MRR@10", "beams", "flops"],
+        ["MR@20", "MR@5", "MRR@10", "beams", "flops"]]
+    assert results["inference"]["fits"]["MR@20"]["points"] == 3 and results["inference"]["fits"]["MR@100"] is None
     assert json.loads((out_dir / "scaling.json").read_text())["settings"]["cgl_negatives"] == 16
     table = (out_dir / "scaling.md").read_text()
     assert "| tiny | 6,000,000 | 1 |" in table and "model_size: L(P) = (gamma/P)^alpha + lambda" in table
+    assert re.search(r"^\| 5 \| 5e\+06 \| 0\.\d{3} \| – \| – \| 0\.\d{3} \|$", table, re.MULTILINE)
+    assert re.search(r"^\| 80 \| 8e\+07 \| 0\.\d{3} \| 0\.\d{3} \| – \| 0\.\d{3} \|$", table, re.MULTILINE)
 
     # Analysing only the finished cells of a larger grid trains nothing; the data law takes the size measured at
     # the most fractions.

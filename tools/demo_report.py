@@ -4,7 +4,8 @@ python -m gr_jax.tools.demo_report --model_dir runs/wordnet_demo --bm25 runs/wor
     [--dense runs/wordnet_demo/minilm.json] [--gdr runs/wordnet_demo/gdr/final_metrics.json]
 
 Each file is a metrics JSON: a tool's or `gr_jax.eval`'s printed line (its last line is read), or a run's
-final_metrics.json.
+final_metrics.json. A system's Recall@k exists only where its ranking is k deep: the generative model's 20 beams
+give R@20 but no R@100 ("-"; BM25, the dense model and GDR rank 100 deep).
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import pathlib
 
 from gr_jax.run_dir import RunDir
 
-COLUMNS = (("MRR@10", "MRR@10"), ("R@1", "Recall@1"), ("R@10", "Recall@10"), ("R@100", "Recall@100"))
+COLUMNS = (("MRR@10", "MRR@10"), ("R@1", "Recall@1"), ("R@10", "Recall@10"), ("R@20", "Recall@20"),
+           ("R@100", "Recall@100"))
 
 
 def _value(metrics: dict, key: str) -> str:

@@ -20,7 +20,8 @@
    nothing and analyses the cells that have finished (a grid grown in parts).
 5. Inference compute: the best cell (MRR@10) ranked again with each of `--beams` (`gr_jax.eval`), MR@k = 1 -
    Recall@k for k in 5, 20, 100, against the FLOPs per query of that beam size (`gr_jax.tools.model_stats`'
-   counting), and Eq. 12 fitted per k.
+   counting), and Eq. 12 fitted per k. A beam size below k returns fewer than k docids: it has no MR@k (gr_jax.eval
+   does not report such a Recall@k; it would repeat Recall@beams), and each k is fitted over the beam sizes >= k.
 
 D counts the judged (query, docid) training pairs of a fraction; a row with indexing examples (e.g. 2a) adds every
 document's own example at every fraction, which D leaves out. Output: `scaling.json` (every cell and fit),
@@ -184,7 +185,8 @@ class ScalingStudy:
             if metrics is None:
                 continue
             points.append({"beams": beams, "flops": float(self.flops(run_dir.path, beams)),
-                           **{f"MR@{k}": 1.0 - metrics[f"Recall@{k}"] for k in MISS_RATE_KS},
+                           **{f"MR@{k}": 1.0 - metrics[f"Recall@{k}"] for k in MISS_RATE_KS
+                              if k <= beams and f"Recall@{k}" in metrics},  # deeper than the beams: not a Recall@k
                            "MRR@10": metrics["MRR@10"]})
         return points
 
@@ -307,12 +309,13 @@ def fit_inference(points: Sequence[dict[str, Any]], *, out_dir: pathlib.Path) ->
     from gr_jax.scaling import laws
     fits = {}
     for k in MISS_RATE_KS:
-        x, y = [p["flops"] for p in points], [p[f"MR@{k}"] for p in points]
+        measured = [p for p in points if f"MR@{k}" in p]  # the beam sizes >= k
+        x, y = [p["flops"] for p in measured], [p[f"MR@{k}"] for p in measured]
         fits[f"MR@{k}"] = (None if len(set(y)) < 2 else
                            _fit(laws.INFERENCE, x, y, path=out_dir / f"miss_rate_{k}_by_flops.png",
                                 xlabel="inference FLOPs per query C", ylabel=f"MR@{k}",
                                 title=f"MR@{k} by inference compute",
-                                labels=[p["beams"] for p in points]))
+                                labels=[p["beams"] for p in measured]))
     return {"fits": fits}
 
 
@@ -355,8 +358,8 @@ def format_markdown(results: dict[str, Any]) -> str:
         lines += ["", f"Beam sweep of {inference['cell']['size']} at fraction {inference['cell']['fraction']:g}:", "",
                   "| beams | FLOPs / query | MR@5 | MR@20 | MR@100 | MRR@10 |", "|---|---|---|---|---|---|"]
         for p in inference["points"]:
-            lines.append(f"| {p['beams']} | {p['flops']:.3g} | {p['MR@5']:.3f} | {p['MR@20']:.3f} | "
-                         f"{p['MR@100']:.3f} | {p['MRR@10']:.3f} |")
+            miss = " | ".join(f"{p[f'MR@{k}']:.3f}" if f"MR@{k}" in p else "–" for k in MISS_RATE_KS)
+            lines.append(f"| {p['beams']} | {p['flops']:.3g} | {miss} | {p['MRR@10']:.3f} |")
     return "\n".join(lines) + "\n"
 
 
