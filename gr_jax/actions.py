@@ -14,12 +14,15 @@ never edited.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
+import itertools
 import json
 import logging
 import math
 import pathlib
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Optional
 
 import jax
@@ -144,19 +147,94 @@ class WriteTrainMetrics(Action):
         return False
 
 
+# Decisions in the coordination service's key-value store: one key prefix per decider (a SaveCheckpoint), numbered in
+# construction order, which is the same in every process of a job (each builds the same actions in the same order).
+_DECISION_IDS = itertools.count()
+_DECISION_TIMEOUT_MS = 3_600_000  # process 0 may be writing an evaluation's files meanwhile
+_DECISIONS_KEPT = 16  # the processes run at most a step or two apart (every step syncs them): older keys are deleted
+
+
+class ProcessZeroDecides:
+    """A yes/no that every process of a multi-host job takes alike at each step: process 0 decides (by its own
+    clock) and posts the answer to the coordination service's key-value store, the others wait for it there, as
+    orbax's `ContinuousCheckpointingPolicy` does. Host to host: no device collective, so the step in flight is not
+    waited for. With one process, just the decision.
+
+    client: the `jax.distributed` key-value client (default: the job's, fetched on first use); process_index,
+    process_count: default jax's.
+    """
+
+    def __init__(self, name: str, *, client: Any = None, process_index: Optional[int] = None,
+                 process_count: Optional[int] = None):
+        self.prefix = f"gr_jax/{name}/{next(_DECISION_IDS)}"
+        self._client = client
+        self.process_index = jax.process_index() if process_index is None else process_index
+        self.process_count = jax.process_count() if process_count is None else process_count
+        self._posted: collections.deque[str] = collections.deque()
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            from jax._src import distributed  # the client jax.distributed.initialize connected (orbax reads it too)
+            self._client = distributed.global_state.client
+            if self._client is None:
+                raise RuntimeError(f"{self.process_count} processes but jax.distributed is not initialized")
+        return self._client
+
+    def __call__(self, step: int, decide: Callable[[], bool]) -> bool:
+        if self.process_count == 1:
+            return decide()
+        key = f"{self.prefix}/{step}"
+        if self.process_index != 0:
+            return self.client.blocking_key_value_get(key, _DECISION_TIMEOUT_MS) == "1"
+        decision = bool(decide())
+        self.client.key_value_set(key, "1" if decision else "0", allow_overwrite=True)
+        self._posted.append(key)
+        if len(self._posted) > _DECISIONS_KEPT:
+            self.client.key_value_delete(self._posted.popleft())
+        return decision
+
+
 class SaveCheckpoint(Action):
     """Saves the state, its input position and, for a checkpointable input (the seqio pipeline), the input
     iterator's state every `every_steps` steps, at the last step, and where training stopped early (a checkpoint
-    is never written twice for one step)."""
+    is never written twice for one step).
 
-    def __init__(self, *, every_steps: int):
+    With `every_seconds`, also at the first step that ends `every_seconds` or more after the previous save (or the
+    run's start): a step count alone cannot bound the work a kill loses when a step takes milliseconds in one run
+    and 35 s in another; this bounds it by about `every_seconds` plus one step. The wall-clock decision is process
+    0's, shared with the others (`ProcessZeroDecides`), so all save at the same step; a save at any step resumes
+    exactly, as the input position (and iterator state) of that step is saved with it. `clock`: seconds, monotonic;
+    `decider`: who takes the wall-clock decision (default: process 0 for all).
+    """
+
+    def __init__(self, *, every_steps: int, every_seconds: Optional[float] = None,
+                 clock: Callable[[], float] = time.monotonic, decider: Optional[ProcessZeroDecides] = None):
         if every_steps < 1:
             raise ValueError(f"checkpoint every_steps must be >= 1, got {every_steps}")
+        if every_seconds is not None and (isinstance(every_seconds, bool) or not every_seconds > 0):
+            raise ValueError(f"checkpoint every_seconds must be > 0 or None, got {every_seconds!r}")
         self.every_steps = every_steps
+        self.every_seconds = every_seconds
+        self.clock = clock
+        self.last_save = clock()
+        self.decider = None if every_seconds is None else decider or ProcessZeroDecides("save_checkpoint")
+
+    def start(self, run):
+        self.last_save = self.clock()  # the run's start: what a kill before the first save would lose
+        return False
+
+    def due(self, step, *, last):
+        if super().due(step, last=last):
+            return True
+        if self.decider is None:
+            return False
+        return self.decider(step, lambda: self.clock() - self.last_save >= self.every_seconds)
 
     def __call__(self, run, progress):
         run.built.checkpointer.save(progress.step, state=progress.state, input_state=run.input_state(progress.step),
                                     input_iterator=run.checkpointable_input())
+        self.last_save = self.clock()
         return False
 
     def end(self, run, progress):

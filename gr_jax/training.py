@@ -269,21 +269,28 @@ def training_loop(*, run: TrainingRun, state: Any, num_train_steps: int, actions
 
 
 def train(*, experiment: RunExperiment, num_train_steps: int, checkpoint_every_steps: int = 1000,
+          checkpoint_every_seconds: Optional[float] = 300.0,
           keep_checkpoints: int = 3, log_every_steps: int = 50, eval_config: EvalConfig = EvalConfig(),
           actions: Sequence[Action] = (), gin_config_str: str = "", progress: bool = True,
           record_examples: bool = False) -> dict[str, float]:
     """Trains until `num_train_steps` (resuming from the experiment's model_dir); returns the final metrics.
 
     The loop's actions, in order: the non-finite loss guard, the train metric writer, checkpoints every
-    `checkpoint_every_steps`, `eval_config`'s evaluation (and model selection), then `actions` (new objectives'
-    evaluations, e.g. from gin: `training.train.actions = [...]`). `record_examples` (off by default; gin:
-    `training.train.record_examples = True`) writes each step's example fingerprints (see `training_loop`).
+    `checkpoint_every_steps` and at the first step `checkpoint_every_seconds` after the previous save (None: by
+    steps only; a kill loses at most about that long plus a step, whatever a step costs), `eval_config`'s
+    evaluation (and model selection), then `actions` (new objectives' evaluations, e.g. from gin:
+    `training.train.actions = [...]`). `record_examples` (off by default; gin: `training.train.record_examples =
+    True`) writes each step's example fingerprints (see `training_loop`).
     """
     for name, value, least in (("num_train_steps (TRAIN_STEPS)", num_train_steps, 0),
                                ("checkpoint_every_steps", checkpoint_every_steps, 1),
                                ("log_every_steps", log_every_steps, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise ValueError(f"training.train.{name} must be a whole number >= {least}, got {value!r}")
+    if checkpoint_every_seconds is not None and (isinstance(checkpoint_every_seconds, bool) or not isinstance(
+            checkpoint_every_seconds, (int, float)) or not checkpoint_every_seconds > 0):
+        raise ValueError(f"training.train.checkpoint_every_seconds must be a number > 0 or None, got "
+                         f"{checkpoint_every_seconds!r}")
     run_dir = RunDir.of(experiment.model_dir)
     run_dir.path.mkdir(parents=True, exist_ok=True)
     built = experiment.build(keep_checkpoints=keep_checkpoints)
@@ -296,7 +303,8 @@ def train(*, experiment: RunExperiment, num_train_steps: int, checkpoint_every_s
                       input_checkpoint=input_checkpoint)
     if gin_config_str and run.start_step == 0:
         run.writer.write_texts(0, {"config": gin_config_str})
-    all_actions = [StopOnNonFiniteLoss(), WriteTrainMetrics(), SaveCheckpoint(every_steps=checkpoint_every_steps),
+    all_actions = [StopOnNonFiniteLoss(), WriteTrainMetrics(),
+                   SaveCheckpoint(every_steps=checkpoint_every_steps, every_seconds=checkpoint_every_seconds),
                    *eval_config.actions(built, show_progress=progress), *actions]
     _, report = training_loop(run=run, state=state, num_train_steps=num_train_steps, actions=all_actions,
                               report_every_steps=log_every_steps, progress=progress, record_examples=record_examples)
