@@ -78,17 +78,25 @@ def parse_gin(*, gin_files: Sequence[str], bindings: Sequence[str], search_paths
     _only_plain_file_readers()
     for path in [*search_paths, str(GIN_CONFIGS_DIR), os.getcwd()]:
         gin.add_config_file_search_path(path)
-    gin.parse_config_files_and_bindings(list(gin_files), list(bindings), finalize_config=True)
+    try:
+        gin.parse_config_files_and_bindings(list(gin_files), list(bindings), finalize_config=True)
+    except ValueError as error:  # e.g. `TRAIN_STEPS set to %gin.REQUIRED`: a misspelt binding is its likely cause
+        _check_macros_used(gin_files=gin_files, bindings=bindings, cause=error)
+        raise
+    _check_macros_used(gin_files=gin_files, bindings=bindings)
+
+
+def _check_macros_used(*, gin_files: Sequence[str], bindings: Sequence[str], cause: Exception | None = None) -> None:
+    """`NAME = value` (a name without a dot) defines a macro: one that nothing refers to is a misspelling such as
+    `--gin.TRAIN_STEPZ=5`, which gin would otherwise take without a word."""
     referenced = _referenced_macros()
     bound = [binding.partition("=")[0].strip() for binding in bindings]
-    # `NAME = value` (a name without a dot) defines a macro: one that nothing refers to is a misspelling such as
-    # `--gin.TRAIN_STEPZ=5`, which gin would otherwise take without a word.
     unused = [name for name in bound if name and "." not in name and "/" not in name and name not in referenced]
     if unused:
         name = unused[0]
         close = difflib.get_close_matches(name, sorted(referenced), n=1)
         raise ValueError(f"the binding of macro {name} ({', '.join(unused)}) is used by none of the gin files "
-                         f"{list(gin_files)}" + (f": did you mean {close[0]}?" if close else ""))
+                         f"{list(gin_files)}" + (f": did you mean {close[0]}?" if close else "")) from cause
 
 
 def _referenced_macros() -> set[str]:

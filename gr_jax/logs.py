@@ -87,7 +87,9 @@ def configure_console(*, log_format: str = FORMAT) -> None:
     if not isinstance(level, int):
         raise ValueError(f"{LEVEL_VARIABLE}={name!r} is not a logging level (DEBUG, INFO, WARNING, ERROR)")
     root = logging.getLogger()
-    for handler in [h for h in root.handlers if getattr(h, "gr_jax_console", False)]:
+    # Ours from an earlier call, or Python's default one that a record logged at import time installed.
+    for handler in [h for h in root.handlers if type(h) is logging.StreamHandler and h.stream in (sys.stderr,
+                                                                                                     sys.__stderr__)]:
         root.removeHandler(handler)
     console = logging.StreamHandler(sys.stderr)
     console.gr_jax_console = True  # type: ignore[attr-defined]

@@ -52,11 +52,13 @@ def print_results(queries: Sequence[str], ranking: Ranking, *, built: BuiltRun, 
 
 def answer_stream(lines: Iterable[str], *, retriever: Retriever, built: BuiltRun, documents: DocumentLookup,
                   top_k: int) -> list[float]:
-    """Answers one query per non-empty line as it arrives; prints its results and latency; returns the latencies."""
+    """Answers one query per non-empty line as it arrives; prints its results and latency; returns the latencies.
+    A blank line is answered on stderr (nothing to rank), not ranked."""
     latencies = []
-    for line in lines:
+    for number, line in enumerate(lines, start=1):
         query = line.strip()
         if not query:
+            print(f"line {number} is blank: nothing to rank", file=sys.stderr, flush=True)
             continue
         start = time.perf_counter()
         ranking = retriever.rank([query], k=top_k)

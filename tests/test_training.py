@@ -409,9 +409,10 @@ def test_train_eval_search_entry_points(data_dir, tmp_path, capsys, monkeypatch)
     gin.clear_config()
     monkeypatch.setattr("sys.stdin", io.StringIO("sourdough bread\n\nrye\nwhite rice\n"))
     search.main(["--model_dir", str(model_dir), "--top_k", "3", "--num_beams", "4"])
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert [line.split(": ", 1)[1] for line in out.splitlines() if line.startswith("query: ")] == [
         "sourdough bread", "rye", "white rice"]
+    assert "line 2 is blank: nothing to rank" in err
     latencies = [line for line in out.splitlines() if line.startswith("latency: ")]
     assert len(latencies) == 3 and "(compiled decoding" in latencies[0]
     assert not any("compiled" in line for line in latencies[1:])
@@ -446,16 +447,19 @@ def test_unknown_gin_binding_is_reported():
         train_main.main(["--gin_file=runs/train.gin", "--gin.network.T5Config.no_such_knob=3"])
 
 
-def test_a_misspelt_macro_is_one_line_naming_it(data_dir, tmp_path):
+@pytest.mark.parametrize("also_set", [True, False])
+def test_a_misspelt_macro_is_one_line_naming_it(data_dir, tmp_path, also_set):
     """`--gin.TRAIN_STEPZ=5` defined a macro nothing used, and the run trained for its configured steps; now the
-    run stops before any work, and nothing is written."""
+    run stops before any work, and nothing is written. Where the misspelling leaves a required macro unset, the
+    misspelling is named, not gin's `TRAIN_STEPS set to %gin.REQUIRED`."""
     import gin
     from gr_jax import train as train_main
     gin.clear_config()
     with pytest.raises(SystemExit, match=r"^error: the binding of macro TRAIN_STEPZ \(TRAIN_STEPZ\) is used by none "
                                          r"of the gin files \['runs/train.gin'\]: did you mean TRAIN_STEPS\?$"):
         train_main.main(["--gin_file=runs/train.gin", f"--gin.DATA_DIR='{data_dir}'", "--gin.DATASET_NAME='fixture'",
-                         f"--gin.MODEL_DIR='{tmp_path / 'run'}'", "--gin.TRAIN_STEPS=2", "--gin.TRAIN_STEPZ=5"])
+                         f"--gin.MODEL_DIR='{tmp_path / 'run'}'", *(["--gin.TRAIN_STEPS=2"] if also_set else []),
+                         "--gin.TRAIN_STEPZ=5"])
     gin.clear_config()
     assert not (tmp_path / "run").exists()
 
