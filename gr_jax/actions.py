@@ -127,11 +127,14 @@ class StopOnNonFiniteLoss(Action):
     report, so no later action (a checkpoint save) ever sees a state whose loss went non-finite."""
 
     def __call__(self, run, progress):
-        if not all(math.isfinite(v) for v in progress.summary.values()):
+        bad = {name: value for name, value in progress.summary.items() if not math.isfinite(value)}
+        if bad:
+            latest = run.built.checkpointer.latest_step()
+            kept = (f"the last good checkpoint (step {latest}) is kept in {run.built.checkpointer.directory}"
+                    if latest is not None else "no checkpoint was saved before it")
             raise NonFiniteLossError(
-                f"non-finite training metrics at step {progress.step}: {dict(progress.summary)}. Training stopped; "
-                f"the last good checkpoint (step {run.built.checkpointer.latest_step()}) is kept in "
-                f"{run.built.checkpointer.directory}.")
+                f"non-finite training metrics at step {progress.step}: "
+                f"{', '.join(f'{name}={value}' for name, value in bad.items())}. Training stopped; {kept}.")
         return False
 
 
@@ -252,8 +255,7 @@ def evaluate_retrieval(run: TrainingRun, *, retriever: ParametricRetriever, eval
     run.writer.write_scalars(step, {f"{prefix}/{k}": v for k, v in metrics.items()})
     if partitioning.is_primary_process():
         write_trec_run(run.run_dir.trec_run(split, step), ranked, tag=f"gr_jax-{step}")
-    logger.info("step %d %s: %s", step, prefix, metrics)
-    return metrics
+    return metrics  # the writer logged them
 
 
 class EvaluateRetrieval(Action):

@@ -75,12 +75,16 @@ def _progress(step, *, summary=None, last=False, params=None):
 
 def test_stop_on_non_finite_loss_raises_naming_the_last_good_checkpoint(tmp_path):
     run = _run(tmp_path)
+    with pytest.raises(actions.NonFiniteLossError, match=r"^non-finite training metrics at step 2: loss=nan\. "
+                                                         r"Training stopped; no checkpoint was saved before it\.$"):
+        actions.StopOnNonFiniteLoss()(run, _progress(2, summary={"loss": math.nan, "grad_norm": 1.0}))
     run.built.checkpointer.save(4, state=None, input_state={})
     guard = actions.StopOnNonFiniteLoss()
     assert guard.every_steps is None and guard.due(3, last=False)  # at every report
     assert guard(run, _progress(5, summary={"loss": 2.0, "grad_norm": 1.0})) is False
     for bad in (math.nan, math.inf):
-        with pytest.raises(actions.NonFiniteLossError, match=r"step 6.*last good checkpoint \(step 4\)"):
+        with pytest.raises(actions.NonFiniteLossError,
+                           match=rf"step 6: grad_norm={bad}\..*last good checkpoint \(step 4\)"):
             guard(run, _progress(6, summary={"loss": 1.0, "grad_norm": bad}))
 
 
