@@ -14,6 +14,7 @@ import logging
 import os
 import pathlib
 import sys
+import threading
 from collections.abc import Iterator
 from typing import Optional
 
@@ -97,7 +98,18 @@ def configure_console(*, log_format: str = FORMAT) -> None:
     console.setFormatter(ConsoleFormatter(log_format))
     root.addHandler(console)
     root.setLevel(min(level, logging.INFO))  # the run's log file gets INFO even when the console shows less
+    threading.excepthook = _log_thread_error
     _hold_early_records()
+
+
+def _log_thread_error(args: threading.ExceptHookArgs) -> None:
+    """A background thread's error (an asynchronous checkpoint write) as one console line, its traceback in the
+    run's log file: Python's default hook prints the traceback."""
+    if args.exc_type is SystemExit:
+        return
+    name = args.thread.name if args.thread is not None else "?"
+    logger.error("thread %s ended with an error", name,
+                 exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
 
 
 def _hold_early_records() -> None:

@@ -7,6 +7,23 @@ import pytest
 from gr_jax import logs
 
 
+@pytest.fixture
+def root_logging():
+    """The root logger's handlers and level and the thread hook, put back after a test that configures them."""
+    import threading
+
+    root = logging.getLogger()
+    handlers, level, hook = list(root.handlers), root.level, threading.excepthook
+    yield root
+    threading.excepthook = hook
+    for handler in [h for h in root.handlers if h not in handlers]:
+        root.removeHandler(handler)
+    for handler in handlers:
+        if handler not in root.handlers:
+            root.addHandler(handler)
+    root.setLevel(level)
+
+
 def _record(name: str, level: int, message: str = "m", *, exc_info=None, **extra) -> logging.LogRecord:
     record = logging.LogRecord(name, level, __file__, 1, message, (), exc_info)
     record.__dict__.update(extra)
@@ -47,36 +64,43 @@ def test_console_line_has_the_error_not_its_traceback(monkeypatch):
     assert "Traceback (most recent call last)" in formatter.format(record)
 
 
-def test_run_log_holds_earlier_records_and_the_error_that_ended_the_run(tmp_path, monkeypatch):
+def test_run_log_holds_earlier_records_and_the_error_that_ended_the_run(tmp_path, monkeypatch, root_logging):
     monkeypatch.setenv("GR_JAX_LOG_LEVEL", "WARNING")
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    try:
-        logs.configure_console()
-        logging.getLogger("absl").info("before the run")
-        with pytest.raises(ValueError) as error:
-            with logs.run_log(tmp_path / "run" / "log.txt") as path:
-                logging.getLogger("gr_jax.training").info("during the run")
-                raise ValueError("bad")
-        logging.getLogger("gr_jax.training").info("after the run")
-        text = path.read_text()
-        assert [line.split(": ", 1)[1] for line in text.splitlines() if " INFO " in line][-2:] == [
-            "before the run", "during the run"]  # after whatever an earlier test logged since its run
-        assert "ERROR gr_jax.logs: the run ended with an error\nTraceback" in text and "ValueError: bad" in text
-        assert logs.traceback_file(error.value) == tmp_path / "run" / "log.txt"
-        with logs.run_log(tmp_path / "next.txt") as second:  # the record between the runs opens the next run's log
-            pass
-        assert [line.split(": ", 1)[1] for line in second.read_text().splitlines()] == ["after the run"]
-    finally:
-        for handler in [h for h in root.handlers if h not in handlers]:
-            root.removeHandler(handler)
-        for handler in handlers:
-            if handler not in root.handlers:
-                root.addHandler(handler)
-        root.setLevel(level)
+    logs.configure_console()
+    logging.getLogger("absl").info("before the run")
+    with pytest.raises(ValueError) as error:
+        with logs.run_log(tmp_path / "run" / "log.txt") as path:
+            logging.getLogger("gr_jax.training").info("during the run")
+            raise ValueError("bad")
+    logging.getLogger("gr_jax.training").info("after the run")
+    text = path.read_text()
+    assert [line.split(": ", 1)[1] for line in text.splitlines() if " INFO " in line][-2:] == [
+        "before the run", "during the run"]  # after whatever an earlier test logged since its run
+    assert "ERROR gr_jax.logs: the run ended with an error\nTraceback" in text and "ValueError: bad" in text
+    assert logs.traceback_file(error.value) == tmp_path / "run" / "log.txt"
+    with logs.run_log(tmp_path / "next.txt") as second:  # the record between the runs opens the next run's log
+        pass
+    assert [line.split(": ", 1)[1] for line in second.read_text().splitlines()] == ["after the run"]
 
 
 def test_a_misspelt_level_is_bad_input(monkeypatch):
     monkeypatch.setenv("GR_JAX_LOG_LEVEL", "WARN1NG")
     with pytest.raises(ValueError, match="GR_JAX_LOG_LEVEL='WARN1NG' is not a logging level"):
         logs.configure_console()
+
+
+def test_a_background_threads_error_is_one_line_with_its_traceback_in_the_file(tmp_path, monkeypatch, root_logging):
+    import threading
+
+    monkeypatch.delenv("GR_JAX_TRACEBACK", raising=False)
+    logs.configure_console()
+    console = next(h for h in root_logging.handlers if type(h) is logging.StreamHandler)
+    lines = []
+    console.emit = lambda record: lines.append(console.format(record))
+    with logs.run_log(tmp_path / "log.txt") as path:
+        thread = threading.Thread(target=lambda: 1 / 0, name="async_save")
+        thread.start()
+        thread.join()
+    assert len(lines) == 1 and lines[0].endswith(
+        "ERROR gr_jax.logs: thread async_save ended with an error: ZeroDivisionError: division by zero")
+    assert "thread async_save ended with an error\nTraceback (most recent call last)" in path.read_text()
