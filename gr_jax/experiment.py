@@ -284,6 +284,13 @@ class BuiltRun:
         """The documents this run can retrieve (for the qrels check of `evaluator`); None: not checked."""
         return None
 
+    def retriever_kept_at(self, retriever: Any, *, step: int) -> Any:
+        """`retriever` (this run's `retriever(...)`) for the parameters of checkpoint `step`, keeping what it builds
+        from them in the run dir, where later commands on that checkpoint find it (a dense run: its corpus index,
+        `index/{step}`). Training's final evaluation ranks through it. Nothing is kept here."""
+        del step
+        return retriever
+
     def evaluator(self, *, split: str, k: int, max_queries: Optional[int] = None,
                   setting: str = EVAL_SPLIT_SETTING) -> RetrievalEvaluator:
         """The split's queries (the first `max_queries`) and qrels (missing: an error naming `setting`, the option

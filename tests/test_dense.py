@@ -359,6 +359,64 @@ def test_t5_dual_encoder_trains_evaluates_and_searches_through_the_entry_points(
         built.retriever(params, settings=EvalConfig(ranking_depth=3), step=2).rank(["kimchi"], k=3)
 
 
+def test_training_keeps_its_final_index_and_eval_of_that_step_reuses_it(spm_data_dir, tmp_path, capsys, monkeypatch,
+                                                                        caplog):
+    """The zero-shot recipe (TRAIN_STEPS=0, then gr_jax.eval on the run's config.gin) encodes the collection once:
+    training's final evaluation keeps its index in index/0 and eval reads it, not calling the document encoder, with
+    the same metrics. An index of the same step but other parameters is never read: training replaces it with a
+    warning, eval refuses it naming the manifest."""
+    import logging
+
+    import gin
+    from gr_jax import eval as eval_main
+    from gr_jax import train as train_main
+    from gr_jax.retrievers.dense import DenseRetriever
+    document_batches = []
+    encode = DenseRetriever.encode
+
+    def counted(self, texts, *, side):
+        if side == DOCUMENT:
+            document_batches.append(len(texts))
+        return encode(self, texts, side=side)
+
+    monkeypatch.setattr(DenseRetriever, "encode", counted)
+    model_dir = tmp_path / "zero"
+    train = ["--gin_file=dense/t5.gin", "--gin_file=models/t5_1_1/tiny.gin", f"--gin.DATA_DIR={spm_data_dir}",
+             f"--gin.MODEL_DIR={model_dir}", "--gin.TRAIN_STEPS=0", "--gin.QUERY_LENGTH=8",
+             "--gin.DOCUMENT_LENGTH=32", "--gin.PROJECTION_DIM=8", "--gin.network.T5Config.num_encoder_layers=1"]
+    ranked = ("MRR@10", "Recall@10", "Recall@100", "nDCG@10", "Brier/full_softmax", "Brier/top_k_softmax")
+
+    def evaluate() -> dict:
+        gin.clear_config()
+        capsys.readouterr()
+        eval_main.main([f"--gin_file={model_dir / 'config.gin'}"])
+        return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+    for seed in (0, 1):
+        gin.clear_config()
+        document_batches.clear()
+        with caplog.at_level(logging.WARNING):
+            train_main.main([*train, f"--gin.experiment.DenseExperiment.seed={seed}"])
+        assert sum(document_batches) == 10  # the collection, encoded once by the final evaluation
+        stale = "index/0/manifest.json: the index was built by another encoder"
+        assert (stale in caplog.text) == (seed == 1)  # the first run's index, replaced
+        final = json.loads((model_dir / "final_metrics.json").read_text())
+        manifest = json.loads((model_dir / "index" / "0" / "manifest.json").read_text())
+        assert manifest["encoder"]["step"] == 0 and manifest["corpus"]["documents"] == 10
+        metrics = evaluate()
+        assert sum(document_batches) == 10  # eval read the index: no document encoded again
+        assert {k: metrics[k] for k in ranked} == {k: final[f"eval/{k}"] for k in ranked}
+        if seed == 0:
+            first_checksum = manifest["encoder"]["params_checksum"]
+            shutil.rmtree(model_dir / "checkpoints")  # the next run trains step 0 again, from other parameters
+        else:
+            assert manifest["encoder"]["params_checksum"] != first_checksum
+    manifest["encoder"]["params_checksum"] = first_checksum
+    (model_dir / "index" / "0" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(SystemExit, match=r"index/0/manifest\.json: the index was built by another encoder"):
+        evaluate()
+
+
 def _dense_experiment(data_dir, model_dir, **data):
     from gr_jax.dense.experiment import DenseExperiment
     tower = T5EncoderTower(config=dataclasses.replace(MICRO_T5, vocab_size=None))

@@ -106,6 +106,11 @@ class DenseBuilt(SampledBatchesRun):
                               batch_size=settings.batch_size, index_config=self.experiment.index,
                               index_dir=index_dir, fingerprint=self.fingerprint(step), show_progress=show_progress)
 
+    def retriever_kept_at(self, retriever: DenseRetriever, *, step: int) -> DenseRetriever:
+        """The corpus index of checkpoint `step` kept in `model_dir/index/{step}` (see `BuiltRun`): training's final
+        evaluation writes it, `gr_jax.eval`, `gr_jax.infer`, search and the tools of that step read it."""
+        return retriever.kept_in(RunDir.of(self.experiment.model_dir).index(step), fingerprint=self.fingerprint(step))
+
     def known_docids(self) -> Optional[Container[str]]:
         return self.corpus
 

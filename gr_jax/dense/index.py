@@ -263,6 +263,16 @@ class CorpusIndex:
         return cls(docids=docids, embeddings=embeddings, manifest=manifest, directory=directory)
 
 
+def clear_index_dir(directory: PathLike) -> None:
+    """Removes an index directory's manifest, then its faiss indexes (before the collection is encoded into it
+    again): a directory without a manifest is incomplete, and no faiss index of earlier embeddings outlives them."""
+    directory = pathlib.Path(directory)
+    (directory / MANIFEST).unlink(missing_ok=True)
+    for path in directory.glob("index.*"):
+        if path.suffix in (".faiss", ".json"):
+            path.unlink()
+
+
 def encode_corpus(*, texts: Callable[[], Any], num_documents: int, encode: Callable[[list[str]], np.ndarray],
                   shape: tuple[int, ...], out_path: Optional[PathLike] = None, read_size: int = 4096,
                   show_progress: bool = False) -> tuple[np.ndarray, float]:

@@ -1,10 +1,12 @@
 """A dual encoder as a retriever: queries encoded in fixed-shape batches, the corpus index searched.
 
 The corpus index (`gr_jax.dense.index.CorpusIndex`) depends on the parameters, so a retriever builds it on first
-use: it loads `index_dir` when that holds the index of this corpus and this encoder (its manifest says which),
-and otherwise encodes the collection (streamed, progress bar, documents/s) and, with `index_dir`, writes it there
-for the next search. `with_params` gives the same retriever, compiled encoders included, for other parameters and
-an index not built yet: a training run's periodic evaluation re-encodes the corpus with each state.
+use: it loads `index_dir` when that holds the index of this corpus and this encoder (its manifest says which: the
+collection, the run, step and config, and a checksum of the parameters' values), and otherwise encodes the
+collection (streamed, progress bar, documents/s) and, with `index_dir`, writes it there for the next search.
+`with_params` gives the same retriever, compiled encoders included, for other parameters and an index not built
+yet: a training run's periodic evaluation re-encodes the corpus with each state; its final evaluation keeps the
+index in the run dir (`kept_in`), where `gr_jax.eval` of the same checkpoint finds it.
 
 Each ranking also reports the probability of its rank-1 document (for the Brier score, `gr_vs_dense_limitations.txt`
 Sec. 4.1), in two forms: `full_softmax`, P~(d | q) = exp(S(q, d) / tau) / Z(q) over the whole corpus (Eq. 8's Z),
@@ -13,6 +15,7 @@ and `top_k_softmax`, the softmax of S / tau over the k documents returned.
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import pathlib
 import time
@@ -20,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import tqdm
 from jax.sharding import Mesh
@@ -33,6 +37,33 @@ from gr_jax.dense.towers import Tokenizer
 from gr_jax.retrievers import Ranking
 
 logger = logging.getLogger(__name__)
+
+
+def params_checksum(params: Any, *, shardings: Any, mesh: Mesh) -> str:
+    """sha1 of every parameter's bits (each leaf's bit patterns summed with position weights, modulo 2**32, in two
+    ways) with the tree's paths, shapes and dtypes: what tells an index encoded by one set of parameters from one of
+    another set saved under the same step. Summed where the parameters live, by one jitted program: no host copy
+    of a sharded model, and the same value however they are sharded (modular sums do not depend on order)."""
+    paths_and_leaves, _ = jax.tree_util.tree_flatten_with_path(jax.device_put(params, shardings))
+    leaves = [leaf for _, leaf in paths_and_leaves]
+
+    def sums(leaves):
+        out = []
+        for leaf in leaves:
+            unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[leaf.dtype.itemsize]
+            bits = jax.lax.bitcast_convert_type(leaf, unsigned).reshape(-1).astype(jnp.uint32)
+            position = jax.lax.iota(jnp.uint32, bits.size)
+            out.append(jnp.stack([jnp.sum(bits * (2 * position + 1)),
+                                  jnp.sum((bits ^ (bits >> 13)) * (position * jnp.uint32(0x9E3779B1)
+                                                                   + jnp.uint32(0x7F4A7C15)))]))
+        return out
+
+    values = jax.device_get(jax.jit(sums, out_shardings=partitioning.host_readable_sharding(mesh))(leaves))
+    digest = hashlib.sha1()
+    for (path, leaf), value in zip(paths_and_leaves, values):
+        digest.update(f"{jax.tree_util.keystr(path)} {leaf.shape} {leaf.dtype} ".encode())
+        digest.update(np.asarray(value, np.uint32).tobytes())
+    return digest.hexdigest()
 
 
 def length_buckets(longest: int, *, smallest: int = 16) -> tuple[int, ...]:
@@ -49,15 +80,18 @@ class DenseRetriever:
     """`gr_jax.retrievers.Retriever` over a dual encoder (see the module docstring).
 
     corpus: the collection's docids and texts; fingerprint: what identifies this encoder in an index manifest
-    (model dir, step, config); index_dir: where the index is read from or written to (None: memory only).
-    probabilities: compute the rank-1 probabilities (a second pass over the corpus vectors for Z(q)).
+    (model dir, step, config; the parameters' checksum is added); index_dir: where the index is read from or written
+    to (None: memory only); replace_stale: an index there of another corpus or encoder is encoded again with a
+    warning (else it is an error naming it). probabilities: compute the rank-1 probabilities (a second pass over the
+    corpus vectors for Z(q)).
     """
 
     def __init__(self, *, model: DualEncoderModel, params: Any, tokenizer: Tokenizer, corpus: CorpusDocuments,
                  input_length: int, target_length: int, mesh: Mesh, param_shardings: Any,
                  rules: partitioning.LogicalAxisRules = partitioning.LOGICAL_AXIS_RULES, batch_size: int = 64,
                  index_config: index_lib.IndexConfig = index_lib.IndexConfig(), index_dir: Optional[str] = None,
-                 fingerprint: Optional[dict] = None, probabilities: bool = True, show_progress: bool = False):
+                 fingerprint: Optional[dict] = None, replace_stale: bool = False, probabilities: bool = True,
+                 show_progress: bool = False):
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         self.model = model
@@ -73,18 +107,31 @@ class DenseRetriever:
         self.index_config = index_config
         self.index_dir = pathlib.Path(index_dir) if index_dir is not None else None
         self.fingerprint = dict(fingerprint or {})
+        self.replace_stale = replace_stale
         self.probabilities = probabilities
         self.show_progress = show_progress
         self._encoders: dict[tuple, Callable] = {}  # (side, batch shape) -> executable; shared by `with_params` copies
         self._index: Optional[index_lib.CorpusIndex] = None
+        self._params_checksum: Optional[str] = None
         self.compile_seconds = 0.0  # compilation paid since the last `rank` reported it
         self.truncated = {QUERY: 0, DOCUMENT: 0}  # texts cut to the side's token length, reported by rank / indexing
 
     def with_params(self, params: Any, *, fingerprint: Optional[dict] = None) -> DenseRetriever:
-        """The same retriever (its compiled encoders) for other parameters; the corpus is encoded again on use."""
+        """The same retriever (its compiled encoders, its index dir) for other parameters; the corpus is encoded
+        again on use, unless the index dir holds its index."""
         copy = object.__new__(DenseRetriever)
-        copy.__dict__.update(self.__dict__, params=params, _index=None, truncated={QUERY: 0, DOCUMENT: 0},
+        copy.__dict__.update(self.__dict__, params=params, _index=None, _params_checksum=None,
+                             truncated={QUERY: 0, DOCUMENT: 0},
                              fingerprint=dict(fingerprint if fingerprint is not None else self.fingerprint))
+        return copy
+
+    def kept_in(self, index_dir: str | pathlib.Path, *, fingerprint: dict) -> DenseRetriever:
+        """This retriever with its corpus index kept in `index_dir` under `fingerprint` (a checkpoint's: training's
+        final evaluation keeps the index of the step it reports, `gr_jax.dense.experiment.DenseBuilt`): loaded from
+        there when it holds this corpus encoded by these parameters, else encoded and written there, replacing with a
+        warning an index of another corpus or encoder (the run's config or parameters changed since)."""
+        copy = self.with_params(self.params, fingerprint=fingerprint)
+        copy.index_dir, copy.replace_stale = pathlib.Path(index_dir), True
         return copy
 
     @property
@@ -140,13 +187,19 @@ class DenseRetriever:
 
     # --- The corpus index ---
 
+    def params_checksum(self) -> str:
+        """`params_checksum` of this retriever's parameters (computed once)."""
+        if self._params_checksum is None:
+            self._params_checksum = params_checksum(self.params, shardings=self.param_shardings, mesh=self.mesh)
+        return self._params_checksum
+
     def _manifest(self) -> dict:
         dataset = self.corpus.dataset
         stat = dataset.collection_path.stat()
         return {"corpus": {"collection": str(dataset.collection_path.resolve()), "documents": len(self.corpus),
                            "docids_sha1": index_lib.docids_digest(self.corpus.docids), "bytes": stat.st_size},
-                "encoder": {**self.fingerprint, "dim": self.dim, "multi_vector": self.model.config.multi_vector,
-                            "target_length": self.target_length}}
+                "encoder": {**self.fingerprint, "params_checksum": self.params_checksum(), "dim": self.dim,
+                            "multi_vector": self.model.config.multi_vector, "target_length": self.target_length}}
 
     def _expect(self, manifest: dict, path: pathlib.Path) -> None:
         wanted = self._manifest()
@@ -165,9 +218,17 @@ class DenseRetriever:
         `recall_queries`, query vectors)."""
         if self._index is not None:
             return self._index
+        embedded = None
         if self.index_dir is not None and (self.index_dir / index_lib.MANIFEST).is_file():
-            embedded = index_lib.CorpusIndex.load(self.index_dir, expect=self._expect)
-        else:
+            try:
+                embedded = index_lib.CorpusIndex.load(self.index_dir, expect=self._expect)
+                logger.info("corpus index of %d documents read from %s", len(embedded), self.index_dir)
+            except DataFormatError as e:
+                if not self.replace_stale:
+                    raise
+                logger.warning("%s; encoding the collection again into %s", str(e).partition(": delete")[0],
+                               self.index_dir)
+        if embedded is None:
             embedded = self._encode_corpus()
         self._index = embedded.with_faiss_index(self.index_config, recall_queries=recall_queries)
         return self._index
@@ -176,7 +237,10 @@ class DenseRetriever:
         """The collection encoded (streamed, progress bar), written to `index_dir` when set."""
         dataset = self.corpus.dataset
         shape = (self.target_length, self.dim) if self.model.config.multi_vector else (self.dim,)
-        out_path = self.index_dir / index_lib.EMBEDDINGS if self.index_dir is not None else None
+        out_path = None
+        if self.index_dir is not None:
+            index_lib.clear_index_dir(self.index_dir)  # the manifest first: the directory is incomplete till saved
+            out_path = self.index_dir / index_lib.EMBEDDINGS
         embeddings, seconds = index_lib.encode_corpus(
             texts=lambda: (text for _, text in dataset.collection()), num_documents=len(self.corpus),
             encode=lambda texts: self.encode(texts, side=DOCUMENT), shape=shape, out_path=out_path,
