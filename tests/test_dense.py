@@ -273,6 +273,31 @@ def test_index_search_and_log_partition_equal_brute_force(tmp_path):
         exact.search(queries[:, :8], k=3)
 
 
+def test_rank1_probabilities_stay_probabilities_when_float32_rounds_log_z_below_the_top_score(monkeypatch):
+    """A query whose nearest document dominates (p close to 1 at tau 0.05): the index's score and the corpus pass's
+    log Z are float32 sums taken apart, and log Z can fall below the top score by rounding (MiniLM zero-shot on a
+    BEIR fixture: p = 1.0000024, refused by the Brier score). Z includes the k documents returned, so their own log
+    sum bounds it from below."""
+    from gr_jax.retrievers.dense import DenseRetriever
+    rng = np.random.default_rng(0)
+    vectors = rng.normal(size=(50, 32)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    docids = np.asarray([f"d{i}".encode() for i in range(50)])
+    retriever = DenseRetriever(model=micro_model(), params=None, tokenizer=fake_tokenizer, corpus=None,
+                               input_length=8, target_length=16, mesh=partitioning.make_mesh(data=-1, model=1),
+                               param_shardings=None)
+    retriever._index = index_lib.index_from_vectors(docids=docids, embeddings=vectors, config=index_lib.IndexConfig(),
+                                                    manifest={})
+    monkeypatch.setattr(retriever, "encode", lambda texts, side: vectors[:3])  # each query is a document
+    exact = retriever._index.log_partition
+    monkeypatch.setattr(retriever._index, "log_partition",
+                        lambda queries, temperature: exact(queries, temperature=temperature) - 1e-3)
+    ranking = retriever.rank(["a", "b", "c"], k=10)
+    assert [ids[0] for ids in ranking.ids] == ["d0", "d1", "d2"]
+    full, top_k = ranking.top1_probability["full_softmax"], ranking.top1_probability["top_k_softmax"]
+    assert all(0.99 < p <= q <= 1.0 for p, q in zip(full, top_k))
+
+
 def test_brier_score_by_hand():
     run = {"a": [("d1", 1.0), ("d2", 0.5)], "b": [("d3", 2.0)], "c": []}
     qrels = {"a": {"d1": 1}, "b": {"d4": 1}, "c": {"d5": 1}}

@@ -280,8 +280,11 @@ class DenseRetriever:
                 scores.append(query_scores[keep].astype(float).tolist())
                 if self.probabilities and keep.any():
                     logits = query_scores[keep].astype(np.float64) / temperature
-                    full.append(float(np.exp(logits[0] - log_z[i])))
-                    top_k.append(float(np.exp(logits[0] - np.logaddexp.reduce(logits))))
+                    top_log_z = np.logaddexp.reduce(logits)
+                    # Z sums every document, these k included: a log Z below theirs is float32 rounding (the
+                    # corpus pass and the index round the same scores apart), which would put p above 1.
+                    full.append(float(np.exp(logits[0] - max(log_z[i], top_log_z))))
+                    top_k.append(float(np.exp(logits[0] - top_log_z)))
                 elif self.probabilities:
                     full.append(float("nan"))
                     top_k.append(float("nan"))
