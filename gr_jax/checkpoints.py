@@ -9,6 +9,12 @@ the resume takes time independent of the step. Being an item of the step, the it
 atomically with the model state and deleted with it by `max_to_keep`. Saves are asynchronous by default: the
 device-to-host copy and the iterator's state are taken inside `save`, writing to disk in the background, so
 the caller may donate or overwrite the saved arrays and advance the iterator as soon as `save` returns.
+
+Damage is detected, not read as numbers: the 'state' item lists its files with their sizes and crc32 (`MANIFEST`),
+written after every process's shards are on disk and before the step is committed, so it is part of the step
+(orbax verifies no content itself: zarr3 checksums only its shard index). Every restore checks the step's files
+against it first and raises `CheckpointDamagedError` naming the step and the file; training's resume takes the newest
+intact step instead (`newest_intact_step`). Steps saved before the manifest existed are read unverified.
 """
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ import os
 import pathlib
 import shutil
 import tempfile
+import zlib
 from typing import Any, Optional, Protocol, runtime_checkable
 
 import jax
@@ -36,6 +43,17 @@ logger = logging.getLogger(__name__)
 STATE_ITEM = "state"
 INPUT_ITEM = "input"
 INPUT_ITERATOR_ITEM = "input_iterator"
+MANIFEST = "gr_jax_files.json"  # in the state item's directory: {"files": {relative path: {"bytes", "crc32"}}}
+DAMAGED_DIR = "damaged"  # in the checkpoint directory: steps that resume moved aside
+
+
+class CheckpointDamagedError(ValueError):
+    """A checkpoint step whose files are not those its save wrote (missing, truncated, changed bytes); the message
+    names the step and the file. A ValueError, so an entry point ends with it as one `error:` line."""
+
+    def __init__(self, directory: epath.Path, step: int, detail: str):
+        super().__init__(f"checkpoint step {step} in {directory} is damaged: {detail}")
+        self.directory, self.step, self.detail = directory, step, detail
 
 
 @runtime_checkable
@@ -103,16 +121,61 @@ class InputIteratorRestore(ocp.args.CheckpointArgs):
 MIN_REPLICA_SLICE_BYTES = 1 << 20
 
 
+def _crc32(path: epath.Path) -> int:
+    crc = 0
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 24):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def _files(directory: epath.Path, prefix: str = "") -> list[tuple[str, epath.Path]]:
+    """(relative path, path) of every file under `directory` (iterdir: works for remote paths too)."""
+    found = []
+    for path in sorted(directory.iterdir(), key=lambda p: p.name):
+        if path.is_dir():
+            found.extend(_files(path, f"{prefix}{path.name}/"))
+        else:
+            found.append((f"{prefix}{path.name}", path))
+    return found
+
+
+class _StateHandler(ocp.PyTreeCheckpointHandler):
+    """orbax's pytree handler, which also writes the item's file manifest (`MANIFEST`) in `finalize`: orbax calls
+    it after every process's writes are committed (and the per-process OCDBT trees are merged), on the process that
+    then commits the step, so the manifest covers every process's files and is committed with them. It reads the
+    files back (the host copies are orbax's own and gone by then); that runs in the background of an asynchronous
+    save."""
+
+    def finalize(self, directory: epath.Path) -> None:
+        super().finalize(directory)
+        files = {name: {"bytes": path.stat().length, "crc32": _crc32(path)}
+                 for name, path in _files(directory) if name != MANIFEST}
+        (directory / MANIFEST).write_text(json.dumps({"format": 1, "files": files}, indent=1, sort_keys=True))
+
+
+@ocp.args.register_with_handler(_StateHandler, for_save=True)
+@dataclasses.dataclass
+class StateSave(ocp.args.PyTreeSave):
+    pass
+
+
+@ocp.args.register_with_handler(_StateHandler, for_restore=True)
+@dataclasses.dataclass
+class StateRestore(ocp.args.PyTreeRestore):
+    pass
+
+
 def _state_handler() -> ocp.PyTreeCheckpointHandler:
-    """orbax's handler of a pytree of arrays (what `StandardSave` uses, same files), its arrays written by
-    `MIN_REPLICA_SLICE_BYTES`'s rule."""
+    """orbax's handler of a pytree of arrays (what `StandardSave` uses, same files, plus `MANIFEST`), its arrays
+    written by `MIN_REPLICA_SLICE_BYTES`'s rule."""
     arrays = ocp.type_handlers.ArrayHandler(array_metadata_store=array_metadata_store.Store(),
                                             min_slice_bytes_for_replica_parallel=MIN_REPLICA_SLICE_BYTES)
     scalars = ocp.type_handlers.ScalarHandler()
     registry = ocp.type_handlers.create_type_handler_registry(
         (int, scalars), (float, scalars), (bytes, scalars), (np.number, scalars),
         (np.ndarray, ocp.type_handlers.NumpyHandler()), (jax.Array, arrays), (str, ocp.type_handlers.StringHandler()))
-    return ocp.PyTreeCheckpointHandler(type_handler_registry=registry)
+    return _StateHandler(type_handler_registry=registry)
 
 
 def _as_path(directory: str | os.PathLike) -> epath.Path:
@@ -172,6 +235,7 @@ class Checkpointer:
             item_handlers={STATE_ITEM: _state_handler(), INPUT_ITEM: ocp.JsonCheckpointHandler(),
                            INPUT_ITERATOR_ITEM: _InputIteratorHandler()},
         )
+        self._intact: set[int] = set()  # steps whose files matched their manifest in this process
 
     # -- queries -----------------------------------------------------------------------------
 
@@ -182,6 +246,83 @@ class Checkpointer:
     def all_steps(self) -> list[int]:
         """Steps of the checkpoints on disk, ascending."""
         return sorted(self._manager.all_steps())
+
+    def verify(self, step: int) -> None:
+        """Raises `CheckpointDamagedError` when a file that step `step`'s state listed at save (`MANIFEST`) is
+        missing, has another size or other bytes. Steps saved without a manifest pass (not verified). Reads every
+        file of the state once (each process all of them)."""
+        if step in self._intact:
+            return
+        if not (self.directory / str(step)).is_dir():
+            raise FileNotFoundError(f"no checkpoint of step {step} in {self.directory}")
+        state_dir = self.directory / str(step) / STATE_ITEM
+
+        def damaged(detail: str) -> CheckpointDamagedError:
+            return CheckpointDamagedError(self.directory, step, detail)
+
+        if not state_dir.is_dir():
+            raise damaged(f"{STATE_ITEM}/ is missing")
+        manifest = state_dir / MANIFEST
+        if not manifest.exists():
+            logger.debug("Checkpoint of step %d in %s has no %s (saved before gr_jax wrote one): not verified",
+                         step, self.directory, MANIFEST)
+            return
+        try:
+            files = json.loads(manifest.read_text())["files"]
+            expected = {name: (int(entry["bytes"]), int(entry["crc32"])) for name, entry in files.items()}
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise damaged(f"{STATE_ITEM}/{MANIFEST} is unreadable ({type(e).__name__}: {e})") from None
+        for name, (size, crc) in sorted(expected.items()):
+            path = state_dir / name
+            if not path.is_file():
+                raise damaged(f"{STATE_ITEM}/{name} is missing")
+            if (found := path.stat().length) != size:
+                raise damaged(f"{STATE_ITEM}/{name} has {found} bytes, {size} when saved")
+            if (found := _crc32(path)) != crc:
+                raise damaged(f"{STATE_ITEM}/{name} has other bytes than when saved (crc32 {found:08x}, saved "
+                              f"{crc:08x})")
+        self._intact.add(step)
+
+    def newest_intact_step(self) -> int | None:
+        """The newest step that passes `verify` (None: no checkpoint), for resuming training. Newer damaged steps
+        are moved to `damaged/<step>` with a warning naming the damage, so that the resumed run saves those steps
+        again (orbax saves no step at or below its latest). When every step is damaged nothing is moved and
+        `CheckpointDamagedError` names them all: starting afresh is for the user to decide."""
+        self._manager.wait_until_finished()
+        damaged: list[CheckpointDamagedError] = []
+        for step in reversed(self.all_steps()):
+            try:
+                self.verify(step)
+            except CheckpointDamagedError as e:
+                damaged.append(e)
+                continue
+            for error in damaged:
+                moved = self._move_aside(error.step)
+                logger.warning("%s; resuming from step %d instead (the damaged step is moved to %s)", error, step,
+                               moved)
+            if damaged:
+                self._manager.reload()
+            return step
+        if damaged:
+            raise CheckpointDamagedError(self.directory, damaged[0].step, "; ".join(
+                [damaged[0].detail] + [f"step {e.step} too: {e.detail}" for e in damaged[1:]])
+                + "; no intact step to resume from")
+        return None
+
+    def _move_aside(self, step: int) -> epath.Path:
+        """Moves step `step` to `damaged/<step>` (process 0; the others wait for it)."""
+        target = self.directory / DAMAGED_DIR / str(step)
+        suffix = 0
+        while target.exists():
+            suffix += 1
+            target = self.directory / DAMAGED_DIR / f"{step}-{suffix}"
+        ocp.multihost.sync_global_processes(f"gr_jax_chose_damaged_checkpoint_target_{step}")  # same target
+        if jax.process_index() == 0:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            (self.directory / str(step)).rename(target)
+        ocp.multihost.sync_global_processes(f"gr_jax_move_damaged_checkpoint_{step}")
+        self._intact.discard(step)
+        return target
 
     def should_save(self, step: int) -> bool:
         """Whether `save(step)` (without force) would write, e.g. to skip preparing the input state."""
@@ -213,7 +354,7 @@ class Checkpointer:
             # Never overwrite: e.g. a forced final save of a step the periodic save already wrote.
             logger.info("Checkpoint of step %d already exists in %s; not saving again", step, self.directory)
             return False
-        items = {STATE_ITEM: ocp.args.PyTreeSave(state), INPUT_ITEM: ocp.args.JsonSave(input_state)}
+        items = {STATE_ITEM: StateSave(state), INPUT_ITEM: ocp.args.JsonSave(input_state)}
         if input_iterator is not None:
             items[INPUT_ITERATOR_ITEM] = InputIteratorSave(input_iterator)
         saved = self._manager.save(step, args=ocp.args.Composite(**items), force=force)
@@ -227,7 +368,8 @@ class Checkpointer:
         `abstract_state` mirrors the saved state with `jax.ShapeDtypeStruct(shape, dtype,
         sharding=...)` leaves (or arrays, whose shape/dtype/sharding are used); the arrays come back
         with exactly those shardings, which may differ from the ones they were saved with.
-        Returns `(state, input_state)`. Raises FileNotFoundError when there is no such checkpoint.
+        Returns `(state, input_state)`. Raises FileNotFoundError when there is no such checkpoint,
+        `CheckpointDamagedError` when its files are not those saved (`verify`).
         """
         self._manager.wait_until_finished()
         available = self.all_steps()
@@ -237,8 +379,9 @@ class Checkpointer:
             step = available[-1]
         elif step not in available:
             raise FileNotFoundError(f"no checkpoint of step {step} in {self.directory}; available: {available}")
+        self.verify(step)
         target = jax.tree_util.tree_map_with_path(_abstract_leaf, abstract_state)
-        state_args = ocp.args.PyTreeRestore(
+        state_args = StateRestore(
             item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target))
         restored = self._manager.restore(
             step, args=ocp.args.Composite(**{STATE_ITEM: state_args, INPUT_ITEM: ocp.args.JsonRestore()}))
@@ -282,8 +425,9 @@ class Checkpointer:
 
     def restore_params(self, step: int, *, abstract_params: Any) -> Any:
         """Only `state.params` of checkpoint `step` (not the optimizer state), into the shardings of
-        `abstract_params` (ShapeDtypeStruct leaves with shardings, shaped as saved)."""
+        `abstract_params` (ShapeDtypeStruct leaves with shardings, shaped as saved), after `verify`."""
         self._manager.wait_until_finished()
+        self.verify(step)
         target = {"params": jax.tree_util.tree_map_with_path(_abstract_leaf, abstract_params)}
         restore_args = jax.tree_util.tree_map(
             lambda leaf: ocp.ArrayRestoreArgs(sharding=leaf.sharding, global_shape=leaf.shape, dtype=leaf.dtype),

@@ -267,7 +267,9 @@ class BuiltRun:
 
     def restore_params(self, step: Optional[int] = None) -> tuple[Any, int]:
         """(params, step) of `step` (default: latest), without reading the optimizer state. A step that rotated
-        out of `checkpoints/` is read from `best/` when model selection kept it there."""
+        out of `checkpoints/` is read from `best/` when model selection kept it there. A damaged latest step is an
+        error, not a fallback: what is evaluated is the step asked for."""
+        latest = step is None
         step = self._checkpoint_step(step)
         checkpointer = self.checkpointer
         if step not in checkpointer.all_steps():
@@ -278,7 +280,15 @@ class BuiltRun:
                                         f"{checkpointer.all_steps()}) or in {best_dir}")
             checkpointer = best
         self.check_inputs(checkpointer.input_state(step), where=str(checkpointer.directory / str(step)))
-        return checkpointer.restore_params(step, abstract_params=self.trainer.abstract_state.params), step
+        try:
+            return checkpointer.restore_params(step, abstract_params=self.trainer.abstract_state.params), step
+        except checkpoints.CheckpointDamagedError as e:
+            if not latest:
+                raise
+            raise checkpoints.CheckpointDamagedError(
+                e.directory, e.step, f"{e.detail}. It is the latest step; read another by naming it (the entry "
+                f"point's step setting, e.g. --gin.training.evaluate.step=N for gr_jax.eval; steps on disk: "
+                f"{checkpointer.all_steps()})") from None
 
     def known_docids(self) -> Optional[Container[str]]:
         """The documents this run can retrieve (for the qrels check of `evaluator`); None: not checked."""

@@ -127,8 +127,9 @@ class FinalEvaluation(EvaluateRetrieval):
 
 def initial_state(built: BuiltRun) -> tuple[Any, int, Optional[int]]:
     """(train state, batches consumed, the checkpoint step whose saved input iterator state continues the input or
-    None): the latest checkpoint's (`resume_position`), or a fresh state (`built.init_state()`) at batch 0."""
-    latest = built.checkpointer.latest_step()
+    None): the newest intact checkpoint's (`resume_position`; newer damaged ones are moved aside with a warning), or a
+    fresh state (`built.init_state()`) at batch 0."""
+    latest = built.checkpointer.newest_intact_step()
     if latest is None:
         return built.init_state(), 0, None
     state, input_state = built.restore(latest)  # checks the saved input fingerprint
