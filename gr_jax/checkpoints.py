@@ -36,6 +36,7 @@ from etils import epath
 from orbax.checkpoint import future as ocp_future
 from orbax.checkpoint._src.metadata import array_metadata_store  # pinned orbax: the default handler's store
 
+from gr_jax import logs
 from gr_jax.partitioning import path_str
 
 logger = logging.getLogger(__name__)
@@ -352,14 +353,15 @@ class Checkpointer:
             raise ValueError(f"input_state is not plain JSON ({e}): {input_state!r}") from e
         if step in self._manager.all_steps():
             # Never overwrite: e.g. a forced final save of a step the periodic save already wrote.
-            logger.info("Checkpoint of step %d already exists in %s; not saving again", step, self.directory)
+            logger.info("Checkpoint of step %d already exists in %s; not saving again", step, self.directory,
+                        extra=logs.FILE_ONLY)
             return False
         items = {STATE_ITEM: StateSave(state), INPUT_ITEM: ocp.args.JsonSave(input_state)}
         if input_iterator is not None:
             items[INPUT_ITERATOR_ITEM] = InputIteratorSave(input_iterator)
         saved = self._manager.save(step, args=ocp.args.Composite(**items), force=force)
         if saved:
-            logger.info("Checkpoint of step %d started in %s", step, self.directory)
+            logger.info("Checkpoint of step %d started in %s", step, self.directory, extra=logs.FILE_ONLY)
         return saved
 
     def restore(self, step: int | None = None, *, abstract_state: Any) -> tuple[Any, dict]:

@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import pathlib
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Optional, Protocol
@@ -21,6 +22,7 @@ import numpy as np
 import tqdm
 
 from gr_jax import checkpoints
+from gr_jax import logs
 from gr_jax import metric_writers
 from gr_jax import metrics as metrics_lib
 from gr_jax import partitioning
@@ -309,8 +311,21 @@ def train(*, experiment: RunExperiment, num_train_steps: int, checkpoint_every_s
                          f"{checkpoint_every_seconds!r}")
     run_dir = RunDir.of(experiment.model_dir)
     run_dir.path.mkdir(parents=True, exist_ok=True)
+    with logs.run_log(run_dir.log(jax.process_index())) as log:
+        return _train(experiment=experiment, run_dir=run_dir, log=log, num_train_steps=num_train_steps,
+                      checkpoint_every_steps=checkpoint_every_steps,
+                      checkpoint_every_seconds=checkpoint_every_seconds, keep_checkpoints=keep_checkpoints,
+                      log_every_steps=log_every_steps, eval_config=eval_config, actions=actions,
+                      gin_config_str=gin_config_str, progress=progress, record_examples=record_examples)
+
+
+def _train(*, experiment: RunExperiment, run_dir: RunDir, log: pathlib.Path, num_train_steps: int,
+           checkpoint_every_steps: int, checkpoint_every_seconds: Optional[float], keep_checkpoints: int,
+           log_every_steps: int, eval_config: EvalConfig,
+           actions: Sequence[Action], gin_config_str: str, progress: bool, record_examples: bool) -> dict[str, float]:
     built = experiment.build(keep_checkpoints=keep_checkpoints)
-    logger.info("model: %s, %d parameters", built.model.config, built.trainer.param_count())
+    logger.info("model: %s parameters; the full log is in %s", f"{built.trainer.param_count():,}", log)
+    logger.info("model: %s", built.model.config, extra=logs.FILE_ONLY)
     if gin_config_str and partitioning.is_primary_process():
         run_dir.config.write_text(gin_config_str)
     state, start_batch, input_checkpoint = initial_state(built)
@@ -326,6 +341,8 @@ def train(*, experiment: RunExperiment, num_train_steps: int, checkpoint_every_s
                               report_every_steps=log_every_steps, progress=progress, record_examples=record_examples)
     if partitioning.is_primary_process():
         report = run_dir.write_final_metrics(report)
+        logger.info("step %d: final metrics in %s, checkpoints in %s", built.checkpointer.latest_step() or 0,
+                    run_dir.final_metrics, run_dir.checkpoints)
     return report
 
 
@@ -335,11 +352,12 @@ def evaluate(*, experiment: RunExperiment, eval_config: EvalConfig = EvalConfig(
     `eval.{split}.{step}.json`."""
     built = experiment.build()
     params, step = built.restore_params(step)
-    split = experiment.dataset.eval_split
-    metrics, run = eval_config.evaluator(built, split).evaluate(
-        built.retriever(params, settings=eval_config, show_progress=progress, step=step))
     run_dir = RunDir.of(experiment.model_dir)
-    if partitioning.is_primary_process():
-        write_trec_run(run_dir.trec_run(split, step), run, tag=f"gr_jax-{step}")
-        write_json(run_dir.eval_metrics(split, step), metrics)
+    with logs.run_log(run_dir.log(jax.process_index())):  # a run's directory: it has a checkpoint
+        split = experiment.dataset.eval_split
+        metrics, run = eval_config.evaluator(built, split).evaluate(
+            built.retriever(params, settings=eval_config, show_progress=progress, step=step))
+        if partitioning.is_primary_process():
+            write_trec_run(run_dir.trec_run(split, step), run, tag=f"gr_jax-{step}")
+            write_json(run_dir.eval_metrics(split, step), metrics)
     return metrics
