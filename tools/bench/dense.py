@@ -4,6 +4,8 @@ python -m gr_jax.tools.bench.dense --part encode [--towers minilm t5 --config gi
                                                --batch 64 --length 128 --repeats 5]
 python -m gr_jax.tools.bench.dense --part search [--num_vectors 1000000 --dim 384 --factory IVF4096,Flat
                                                --nprobe 16 --batches 1 64 --repeats 5]
+python -m gr_jax.tools.bench.dense --part buckets --data_dir D [--documents 2048 --length 256 --batch 64
+                                               --towers minilm --repeats 3]
 python -m gr_jax.tools.bench.dense --part all
 
 `encode`: a dual encoder's document side (`DualEncoderModel.encode`, jitted as `DenseRetriever` compiles it)
@@ -12,6 +14,14 @@ the installed wheel; random weights, which time like the pretrained ones) or the
 (`t5`). One JSON line per tower: documents/s, tokens/s, model FLOP/s (XLA's cost analysis of the compiled encode
 of one batch divided by its median time), a float32 matmul probe's FLOP/s and their ratio. Encode and probe are
 timed alternately, so that the machine's drifting speed affects both alike: the ratio is the figure to compare.
+
+`buckets`: the first `--documents` documents of a data dir's collection encoded by the document side of a dual
+encoder (`DenseRetriever.encode`, as the corpus index encodes them, batches of `--batch`) twice: sorted by token length
+into the padded lengths of `length_buckets(--length)`, and every batch padded to `--length` (DOCUMENT_LENGTH). The two
+passes alternate `--repeats` times after an untimed pass of each compiles every shape. One JSON line per tower: the
+documents' token lengths (median, 90th percentile, longest, the share of padding at `--length`), documents/s of each,
+their time ratio (bucketed / padded) and the largest difference between their vectors. Random weights (they time
+like the pretrained ones).
 
 `search`: N random unit vectors (float32, dim) in an exact index ("Flat") and an approximate one (`--factory`,
 trained on a seeded sample of `--train_size` vectors as `gr_jax.dense.index.build_faiss_index` does), searched
@@ -132,6 +142,57 @@ def run_encode(*, tower: Tower, name: str, vocab_size: int, batch: int, length: 
     }
 
 
+def run_buckets(*, tower: Tower, name: str, data_dir: str, documents: int, length: int, batch: int, repeats: int,
+                seed: int = 0) -> dict:
+    """Times the document encoding of the first `documents` documents of `data_dir` sorted into length buckets
+    against padded to `length`, alternately (see the module docstring)."""
+    import itertools
+
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from gr_jax.data.readers import open_dataset
+    from gr_jax.retrievers.dense import DenseRetriever
+    texts = [text for _, text in itertools.islice(open_dataset(data_dir).collection(), documents)]
+    model = DualEncoderModel(config=DualEncoderConfig(tower=tower))
+    params = partitioning.strip_boxes(
+        jax.jit(functools.partial(model.init, input_length=8, target_length=length))(
+            jax.random.PRNGKey(seed))["params"])
+    tokenizer = tower.tokenizer(data_dir=data_dir)
+    mesh = partitioning.make_mesh(data=-1, model=1)
+    shardings = jax.tree.map(lambda _: NamedSharding(mesh, PartitionSpec()), params)
+    retrievers = {
+        buckets: DenseRetriever(model=model, params=params, tokenizer=tokenizer, corpus=None, input_length=8,
+                                target_length=length, mesh=mesh, param_shardings=shardings, batch_size=batch,
+                                document_buckets=None if buckets == "bucketed" else (length,))
+        for buckets in ("bucketed", "padded")}
+    vectors = {buckets: retriever.encode(texts, side=DOCUMENT) for buckets, retriever in retrievers.items()}
+    times: dict[str, list[float]] = {buckets: [] for buckets in retrievers}
+    for _ in range(repeats):
+        for buckets, retriever in retrievers.items():
+            times[buckets].append(seconds(lambda: retriever.encode(texts, side=DOCUMENT)))
+    lengths = tokenizer(texts, length=length).mask.sum(axis=1)
+    bucketed_s, padded_s = (statistics.median(times[buckets]) for buckets in ("bucketed", "padded"))
+    return {
+        "benchmark": "dense_length_buckets",
+        "tower": name,
+        **_device_fields(),
+        "data_dir": data_dir,
+        "documents": len(texts),
+        "length": length,
+        "batch": retrievers["bucketed"].batch_size,
+        "buckets": list(retrievers["bucketed"].document_buckets),
+        "tokens_median": float(np.median(lengths)),
+        "tokens_p90": float(np.percentile(lengths, 90)),
+        "tokens_max": int(lengths.max()),
+        "padding_share_at_length": float(1 - lengths.sum() / (len(texts) * length)),
+        "bucketed_documents_per_s": len(texts) / bucketed_s,
+        "padded_documents_per_s": len(texts) / padded_s,
+        "ratio": bucketed_s / padded_s,
+        "max_abs_difference": float(np.abs(vectors["bucketed"] - vectors["padded"]).max()),
+        "repeats": repeats,
+    }
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Part 2: search
 # ---------------------------------------------------------------------------------------------------------
@@ -214,7 +275,7 @@ def run_search(*, num_vectors: int, dim: int, factory: str, nprobe: Optional[int
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m gr_jax.tools.bench.dense", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--part", choices=("encode", "search", "all"), required=True)
+    parser.add_argument("--part", choices=("encode", "buckets", "search", "all"), required=True)
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats per measurement (medians)")
     parser.add_argument("--seed", type=int, default=0)
     encode = parser.add_argument_group("encode part")
@@ -225,6 +286,10 @@ def main(argv: list[str] | None = None) -> None:
     encode.add_argument("--batch", type=int, default=64, help="documents per encode call")
     encode.add_argument("--length", type=int, default=128, help="tokens per document")
     encode.add_argument("--probe_size", type=int, default=2048, help="the float32 matmul probe's side")
+    buckets = parser.add_argument_group("buckets part (also --towers, --config, --batch, --length)")
+    buckets.add_argument("--data_dir", default=None, help="a data dir (MS MARCO or BEIR layout) whose documents are "
+                         "encoded")
+    buckets.add_argument("--documents", type=int, default=2048, help="the collection's first documents encoded")
     search = parser.add_argument_group("search part")
     search.add_argument("--num_vectors", type=int, default=1_000_000)
     search.add_argument("--dim", type=int, default=384, help="vector width (default: 384, MiniLM's)")
@@ -240,6 +305,9 @@ def main(argv: list[str] | None = None) -> None:
     search.add_argument("--k", type=int, default=10)
     args = parser.parse_args(argv)
 
+    if args.part == "buckets" and args.data_dir is None:
+        parser.error("--part buckets needs --data_dir")
+
     def body() -> None:
         if args.part in ("encode", "all"):
             for name in args.towers:
@@ -252,6 +320,14 @@ def main(argv: list[str] | None = None) -> None:
                                             length=args.length, repeats=args.repeats, probe_size=args.probe_size,
                                             seed=args.seed)),
                       flush=True)
+        if args.part == "buckets":
+            for name in args.towers:
+                tower = MiniLMTower() if name == "minilm" else T5EncoderTower(
+                    config=gin_utils.t5_config([args.config], dtype=args.dtype, dropout_rate=0.0)).for_data(
+                        data_dir=args.data_dir)
+                print(json.dumps(run_buckets(tower=tower, name=name, data_dir=args.data_dir,
+                                             documents=args.documents, length=args.length, batch=args.batch,
+                                             repeats=args.repeats, seed=args.seed)), flush=True)
         if args.part in ("search", "all"):
             nprobe = args.nprobe if "IVF" in args.factory.upper() else None
             for line in run_search(num_vectors=args.num_vectors, dim=args.dim, factory=args.factory, nprobe=nprobe,
