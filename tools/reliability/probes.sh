@@ -57,10 +57,28 @@ row "a 4-step run at the default level" "echo \"console: \$(tr '\\r' '\\n' < ok.
 row "final metrics at GR_JAX_LOG_LEVEL=WARNING (stdout)" "GR_JAX_LOG_LEVEL=WARNING $(train d runs/ok --gin.TRAIN_STEPS=4) 2>/dev/null | cut -c1-120"
 row "rerunning a finished run keeps its training metrics" "$PY -c \"import json; m = json.load(open('runs/ok/final_metrics.json')); print(sorted(k for k in m if k.startswith('train/'))[:3])\""
 row "TREC runs follow the umask (022)" "umask 022; stat -c '%a %n' runs/ok/run.dev.4.trec"
-row "Recall@k from 5 beams" "$PY -c \"import json; print(sorted(json.load(open('runs/ok/final_metrics.json'))))\""
+row "Recall@k from 5 beams" "$PY -c \"import json; print([k for k in sorted(json.load(open('runs/ok/final_metrics.json'))) if 'Recall' in k])\"; grep -o 'WARNING gr_jax.evaluation: Recall@10.*' ok.err"
 row "blank search query" "$PY -m gr_jax.cli search --model_dir runs/ok '   '"
 row "blank line on search's standard input" "printf 'bread\\n   \\n' | $PY -m gr_jax.cli search --model_dir runs/ok 2>&1 | grep blank"
 row "internal error: non-finite loss" "$(train d runs/nan --gin.TRAIN_STEPS=3 --gin.LEARNING_RATE=1e30)"
+# A BEIR-layout set with train and test qrels only (no dev), as a new user meets it.
+cp -r "$REPO/tests/fixtures/beir" beir && $PY -m gr_jax.tools.make_vocab --data_dir beir --vocab_size 320 > /dev/null 2>&1
+row "BEIR set without dev: train" "$(train beir runs/beir --gin.TRAIN_STEPS=1)"
+row "BEIR set without dev: dense_index of a run" "$PY -m gr_jax.tools.dense_index --model_dir runs/no_such_run"
+row "WordNet verbs" "$PY -m gr_jax.tools.wordnet --out_dir wn_motion --lexfiles verb.motion | tr -d '\\n' | tr -s ' ' | cut -c1-200"
+row "checkpoint cadence by default" "grep -h checkpoint_every runs/ok/config.gin | tr '\\n' ' '"
+# Damaged checkpoints: the newest step of a 4-step run (steps 2 and 4 kept) flipped, truncated or deleted.
+for damage in flip truncate delete; do
+  rm -rf runs/$damage && cp -r runs/ok runs/$damage
+  file=$(ls -S runs/$damage/checkpoints/4/state/d/* | head -1)
+  case $damage in
+    flip) $PY -c "import sys; p = sys.argv[1]; b = bytearray(open(p, 'rb').read()); b[len(b) // 2:len(b) // 2 + 64] = bytes(x ^ 0xFF for x in b[len(b) // 2:len(b) // 2 + 64]); open(p, 'wb').write(b)" "$file" ;;
+    truncate) truncate -s $(($(stat -c %s "$file") / 2)) "$file" ;;
+    delete) rm "$file" ;;
+  esac
+  row "checkpoint step 4 damaged ($damage): eval" "$PY -m gr_jax.eval --gin_file=runs/$damage/config.gin --gin.MODEL_DIR=\"'runs/$damage'\""
+  row "checkpoint step 4 damaged ($damage): resume to step 6" "$(train d runs/$damage --gin.TRAIN_STEPS=6 --gin.training.train.checkpoint_every_steps=2) 2>&1 | grep -m1 -i 'damaged\\|intact\\|falling back'"
+done
 if [ "$(id -u)" = 0 ] && mkdir -p full && mount -t tmpfs -o size=160k tmpfs full 2>/dev/null; then
   row "full disk (160 KiB tmpfs)" "$(train d full/run --gin.TRAIN_STEPS=2 --gin.training.train.checkpoint_every_steps=1) 2> full.err; echo \"\$(tr '\\r' '\\n' < full.err | grep -v '^\\s*\$' | grep -vc '^train:') lines on stderr besides the progress bar, the last: \$(tail -1 full.err)\""
   umount full
