@@ -30,6 +30,13 @@ def test_a_real_start_has_no_noise():
     assert out.stdout == "ok\n" and out.stderr == ""
 
 
+def _exit_code(body):
+    """What `entry_point.run(body)` exits with (the `error:` line, which Python prints to stderr, or a status)."""
+    with pytest.raises(SystemExit) as exit_info:
+        entry_point.run(body)
+    return exit_info.value.code
+
+
 @pytest.mark.parametrize("error", [FileNotFoundError("no file x"), FileExistsError("x exists"),
                                    OSError("Unable to open file: runs/typo/config.gin."),  # gin's missing file
                                    DataFormatError("data/c.tsv:3: duplicate pid '7'"), ValueError("bad setting")])
@@ -39,9 +46,7 @@ def test_bad_input_ends_with_one_line(error, monkeypatch):
     def body():
         raise error
 
-    with pytest.raises(SystemExit) as exit_info:
-        entry_point.run(body)
-    assert exit_info.value.code == f"error: {error}"  # printed to stderr by Python, exit status 1
+    assert _exit_code(body) == f"error: {error}"  # exit status 1
     monkeypatch.setenv("GR_JAX_TRACEBACK", "1")
     with pytest.raises(type(error)):
         entry_point.run(body)
@@ -50,17 +55,13 @@ def test_bad_input_ends_with_one_line(error, monkeypatch):
 
 def test_other_errors_end_in_one_line_naming_the_log_that_holds_their_traceback(tmp_path, monkeypatch):
     monkeypatch.delenv("GR_JAX_TRACEBACK", raising=False)
-    with pytest.raises(SystemExit) as exit_info:
-        entry_point.run(lambda: {}["missing"])
-    assert exit_info.value.code == "error: KeyError: 'missing' (GR_JAX_TRACEBACK=1 shows its traceback)"
+    assert _exit_code(lambda: {}["missing"]) == "error: KeyError: 'missing' (GR_JAX_TRACEBACK=1 shows its traceback)"
 
     def failing_run():
         with logs.run_log(tmp_path / "log.txt"):
             raise RuntimeError("a bug")
 
-    with pytest.raises(SystemExit) as exit_info:
-        entry_point.run(failing_run)
-    assert exit_info.value.code == f"error: RuntimeError: a bug (its traceback is in {tmp_path / 'log.txt'})"
+    assert _exit_code(failing_run) == f"error: RuntimeError: a bug (its traceback is in {tmp_path / 'log.txt'})"
     log = (tmp_path / "log.txt").read_text()
     assert "Traceback (most recent call last)" in log and 'raise RuntimeError("a bug")' in log
     monkeypatch.setenv("GR_JAX_TRACEBACK", "1")
@@ -74,9 +75,7 @@ def test_an_interrupt_ends_in_one_line(monkeypatch, capsys):
     def interrupted():
         raise KeyboardInterrupt
 
-    with pytest.raises(SystemExit) as exit_info:
-        entry_point.run(interrupted)
-    assert exit_info.value.code == 130 and capsys.readouterr().err == "interrupted\n"
+    assert _exit_code(interrupted) == 130 and capsys.readouterr().err == "interrupted\n"
 
 
 def test_gin_call_context_is_dropped_from_the_line(monkeypatch):
@@ -87,9 +86,7 @@ def test_gin_call_context_is_dropped_from_the_line(monkeypatch):
     def body():
         raise FileNotFoundError(message)
 
-    with pytest.raises(SystemExit) as exit_info:
-        entry_point.run(body)
-    assert exit_info.value.code == "error: no SentencePiece vocabulary at /x/spm.model; train one beside the data"
+    assert _exit_code(body) == "error: no SentencePiece vocabulary at /x/spm.model; train one beside the data"
 
 
 @pytest.mark.parametrize("argv, code", [(["--help"], 0), (["--no_such_flag"], 2)])
