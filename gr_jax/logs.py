@@ -76,6 +76,26 @@ class _EarlyRecords(logging.Handler):
         self.records.append(record)
 
 
+class _RunLogFile(logging.FileHandler):
+    """The run's log file; when it cannot be written (a full disk), one line says so and the file is given up:
+    `logging` would print a traceback for every record."""
+
+    def __init__(self, path: pathlib.Path):
+        super().__init__(path, encoding="utf-8")
+        self.broken = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self.broken:
+            super().emit(record)
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        if not self.broken:
+            self.broken = True
+            error = sys.exc_info()[1]
+            print(f"warning: cannot write the run's log {self.baseFilename} ({error}); the console only from now",
+                  file=sys.stderr, flush=True)
+
+
 _early: Optional[_EarlyRecords] = None
 _TRACEBACK_FILE = "gr_jax_traceback_file"
 
@@ -102,14 +122,20 @@ def configure_console(*, log_format: str = FORMAT) -> None:
     _hold_early_records()
 
 
+_errors_shown: set[tuple[str, str]] = set()
+
+
 def _log_thread_error(args: threading.ExceptHookArgs) -> None:
-    """A background thread's error (an asynchronous checkpoint write) as one console line, its traceback in the
-    run's log file: Python's default hook prints the traceback."""
+    """A background thread's error (an asynchronous checkpoint write) as one console line, once per kind of error,
+    its traceback in the run's log file every time: Python's default hook prints every traceback."""
     if args.exc_type is SystemExit:
         return
+    kind = (args.exc_type.__name__, str(args.exc_value))
+    shown = kind in _errors_shown
+    _errors_shown.add(kind)
     name = args.thread.name if args.thread is not None else "?"
-    logger.error("thread %s ended with an error", name,
-                 exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
+    logger.error("thread %s ended with an error", name, exc_info=(args.exc_type, args.exc_value, args.exc_traceback),
+                 extra=FILE_ONLY if shown else {})
 
 
 def _hold_early_records() -> None:
@@ -127,7 +153,7 @@ def run_log(path: pathlib.Path) -> Iterator[pathlib.Path]:
     root = logging.getLogger()
     path = pathlib.Path(path).absolute()
     path.parent.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(path, encoding="utf-8")
+    handler = _RunLogFile(path)
     handler.setLevel(logging.INFO)
     handler.setFormatter(logging.Formatter(FORMAT))
     if _early is not None:

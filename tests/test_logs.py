@@ -98,9 +98,28 @@ def test_a_background_threads_error_is_one_line_with_its_traceback_in_the_file(t
     lines = []
     console.emit = lambda record: lines.append(console.format(record))
     with logs.run_log(tmp_path / "log.txt") as path:
-        thread = threading.Thread(target=lambda: 1 / 0, name="async_save")
-        thread.start()
-        thread.join()
+        for _ in range(3):  # a full disk fails each pending write alike: one console line
+            thread = threading.Thread(target=lambda: 1 / 0, name="async_save")
+            thread.start()
+            thread.join()
     assert len(lines) == 1 and lines[0].endswith(
         "ERROR gr_jax.logs: thread async_save ended with an error: ZeroDivisionError: division by zero")
-    assert "thread async_save ended with an error\nTraceback (most recent call last)" in path.read_text()
+    assert path.read_text().count("thread async_save ended with an error\nTraceback (most recent call last)") == 3
+
+
+def test_a_run_log_that_cannot_be_written_says_so_once(tmp_path, capsys):
+    class FullDisk:
+        def write(self, text):
+            raise OSError(28, "No space left on device")
+
+        def flush(self):
+            pass
+
+    with logs.run_log(tmp_path / "log.txt") as path:
+        handler = next(h for h in logging.getLogger().handlers if getattr(h, "baseFilename", None) == str(path))
+        handler.stream = FullDisk()
+        for _ in range(3):
+            logging.getLogger("gr_jax.training").warning("a record")
+        handler.stream = None
+    assert capsys.readouterr().err.count(f"warning: cannot write the run's log {path} ([Errno 28] No space left on "
+                                         f"device); the console only from now") == 1
