@@ -21,7 +21,9 @@ row() {  # row PROBE COMMAND...: runs COMMAND in bash, prints the row with its l
   local probe=$1; shift
   local observed
   observed=$(bash -c "$*" 2>&1 | grep -v '^\s*$' | tail -1 | cut -c1-400)
-  printf '| %s | `%s` | `%s` |\n' "$probe" "$(echo "$*" | sed "s|$PY|python|g; s|$OUT/||g; s|$MICRO|\$MICRO|g")" "${observed//|/\\|}"
+  local command
+  command=$(echo "$*" | sed "s|$PY|python|g; s|$OUT/||g; s|$MICRO|\$MICRO|g")
+  printf '| %s | `%s` | `%s` |\n' "$probe" "${command//|/\\|}" "${observed//|/\\|}"
 }
 train() { echo "$PY -m gr_jax.train $MICRO --gin.DATA_DIR=\"'$1'\" --gin.MODEL_DIR=\"'$2'\" ${*:3}"; }
 
@@ -64,8 +66,8 @@ row "internal error: non-finite loss" "$(train d runs/nan --gin.TRAIN_STEPS=3 --
 # A BEIR-layout set with train and test qrels only (no dev), as a new user meets it.
 cp -r "$REPO/tests/fixtures/beir" beir && $PY -m gr_jax.tools.make_vocab --data_dir beir --vocab_size 320 > /dev/null 2>&1
 row "BEIR set without dev: train" "$(train beir runs/beir --gin.TRAIN_STEPS=1)"
-row "BEIR set without dev: dense_index of a run" "$PY -m gr_jax.tools.dense_index --model_dir runs/no_such_run"
-row "WordNet verbs" "$PY -m gr_jax.tools.wordnet --out_dir wn_motion --lexfiles verb.motion | tr -d '\\n' | tr -s ' ' | cut -c1-200"
+row "dense_index of a directory that is not a run" "$PY -m gr_jax.tools.dense_index --model_dir runs/no_such_run"
+row "WordNet verbs" "$PY -m gr_jax.tools.wordnet --out_dir wn_motion --lexfiles verb.motion | $PY -c 'import json, sys; s = json.load(sys.stdin); print({k: s[k] for k in (\"documents\", \"train_queries\", \"dev_queries\")})'; head -1 wn_motion/collection.tsv | cut -c1-80"
 row "checkpoint cadence by default" "grep -h checkpoint_every runs/ok/config.gin | tr '\\n' ' '"
 # Damaged checkpoints: the newest step of a 4-step run (steps 2 and 4 kept) flipped, truncated or deleted.
 for damage in flip truncate delete; do
