@@ -260,14 +260,19 @@ def evaluate_retrieval(run: TrainingRun, *, retriever: ParametricRetriever, eval
 
 class EvaluateRetrieval(Action):
     """Ranks the eval split every `every_steps` steps (0: only at the end) and, once training ends, with the
-    final state (or the one `run.reported_params` names), whose metrics are the run's `eval/*` report."""
+    final state (or the one `run.reported_params` names), whose metrics are the run's `eval/*` report.
+
+    kept_at: `(retriever, *, step) -> retriever` for the reported checkpoint's step (`BuiltRun.retriever_kept_at`):
+    what the final ranking builds for those parameters (a dense run's corpus index) stays in the run dir, where
+    `gr_jax.eval` of that step reuses it. None: nothing kept."""
 
     def __init__(self, *, retriever: ParametricRetriever, evaluator: RetrievalEvaluator, split: str,
-                 every_steps: int = 0):
+                 every_steps: int = 0, kept_at: Optional[Callable[..., ParametricRetriever]] = None):
         self.retriever = retriever
         self.evaluator = evaluator
         self.split = split
         self.every_steps = every_steps
+        self.kept_at = kept_at
 
     def due(self, step, *, last):
         return self.every_steps > 0 and step % self.every_steps == 0 and not last  # the last: `end`
@@ -282,7 +287,10 @@ class EvaluateRetrieval(Action):
         return False
 
     def end(self, run, progress):
-        self._evaluate(run, *(run.reported_params or (progress.step, progress.state.params)))
+        step, params = run.reported_params or (progress.step, progress.state.params)
+        if self.kept_at is not None:
+            self.retriever = self.kept_at(self.retriever, step=step)
+        self._evaluate(run, step, params)
 
 
 @dataclasses.dataclass

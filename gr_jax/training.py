@@ -101,8 +101,9 @@ class EvalConfig:
             return []
         retriever = self.retriever(built, show_progress=show_progress)
         split = built.experiment.dataset.eval_split
-        final = FinalEvaluation(built=built, retriever=retriever, evaluator=self.evaluator(built, split), split=split,
-                                every_steps=0 if self.select_split else self.every_steps)
+        final = EvaluateRetrieval(retriever=retriever, evaluator=self.evaluator(built, split), split=split,
+                                  every_steps=0 if self.select_split else self.every_steps,
+                                  kept_at=built.retriever_kept_at)
         if self.select_split is None:
             return [final]
         select = SelectModel(retriever=retriever, evaluator=self.evaluator(
@@ -110,21 +111,6 @@ class EvalConfig:
                              split=self.select_split, metric=self.select_metric, every_steps=self.every_steps,
                              patience=self.patience)
         return [select, final]
-
-
-class FinalEvaluation(EvaluateRetrieval):
-    """`EvaluateRetrieval` whose evaluation at the end of training ranks as the checkpoint it reports (the last
-    step's, or the one model selection kept) through `built.retriever_kept_at`: what the retriever builds for those
-    parameters, a dense run's corpus index, stays in the run dir, and `gr_jax.eval` of that step reuses it."""
-
-    def __init__(self, *, built: BuiltRun, **kwargs):
-        super().__init__(**kwargs)
-        self.built = built
-
-    def end(self, run, progress):
-        step = run.reported_params[0] if run.reported_params else progress.step
-        self.retriever = self.built.retriever_kept_at(self.retriever, step=step)
-        super().end(run, progress)
 
 
 def initial_state(built: BuiltRun) -> tuple[Any, int, Optional[int]]:
