@@ -13,6 +13,7 @@ in one clear line.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -93,23 +94,29 @@ def run(body: Callable[[], T]) -> T:
     """Runs an entry point's body, ending any error in one `error:` line and exit status 1 (130 when interrupted).
 
     Bad input (`BAD_INPUT`) is its message alone; any other error also names its type and says where its traceback
-    went: into the run's log file (`gr_jax.logs`), if one is attached. GR_JAX_TRACEBACK=1 raises it as usual."""
+    went: into the run's log file (`gr_jax.logs`), if one is attached. GR_JAX_TRACEBACK=1 raises it as usual. The
+    error's line is the last: what the failed work left to be collected (a failed save's futures, which asyncio
+    reports when they are freed) is collected before it."""
     try:
         return body()
     except KeyboardInterrupt:
         if logs.show_tracebacks():
             raise
-        print("interrupted", file=sys.stderr, flush=True)
-        sys.exit(130)
+        last_line, status = "interrupted", 130
     except Exception as e:  # noqa: BLE001 - the one place every entry point's errors end
         if logs.show_tracebacks():
             raise
         message = _GIN_CALL_CONTEXT.sub("", str(e))
-        if isinstance(e, BAD_INPUT):
-            sys.exit(f"error: {message}")
         log = logs.traceback_file(e)
         where = f"its traceback is in {log}" if log else "GR_JAX_TRACEBACK=1 shows its traceback"
-        sys.exit(f"error: {type(e).__name__}: {message} ({where})")
+        last_line = f"error: {message}" if isinstance(e, BAD_INPUT) else (
+            f"error: {type(e).__name__}: {message} ({where})")
+        status = 1
+    gc.collect()  # the error and its traceback's frames are released here, outside the except clause
+    if status == 1:
+        sys.exit(last_line)  # printed by Python on the way out; the message stays the SystemExit's
+    print(last_line, file=sys.stderr, flush=True)
+    sys.exit(status)
 
 
 def run_tool(build: Callable[[], dict], *, report: Callable[[dict], Any] = lambda summary: summary,

@@ -1,7 +1,8 @@
 """Where log records go: the console shows progress, results and problems; a run's log file keeps everything.
 
 At GR_JAX_LOG_LEVEL (default INFO) the console shows gr_jax's own records, other libraries' (orbax, absl, JAX) only
-from WARNING, and tracebacks only with GR_JAX_TRACEBACK=1. A record logged with `extra=FILE_ONLY` (the operative
+from WARNING, each distinct one once and its first line only (a failed asynchronous save reports every pending write
+alike), and tracebacks only with GR_JAX_TRACEBACK=1. A record logged with `extra=FILE_ONLY` (the operative
 gin config, checkpoint bookkeeping) never reaches the console. While a run trains or is evaluated, `run_log` writes
 every record at INFO and above, tracebacks included, to the run's log file, starting with those logged before it
 was opened (held in memory until then).
@@ -16,6 +17,7 @@ import pathlib
 import sys
 import threading
 from collections.abc import Iterator
+from types import TracebackType
 from typing import Optional
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -36,32 +38,46 @@ def _is_own(name: str) -> bool:
     return name == "__main__" or name == "gr_jax" or name.startswith("gr_jax.")
 
 
+def _first_line(message: str) -> str:
+    head, newline, _ = message.partition("\n")
+    return head + " ..." if newline else head
+
+
 class ConsoleFilter(logging.Filter):
-    """gr_jax's records from `level`; other libraries' from WARNING (or `level`, if higher); no FILE_ONLY ones."""
+    """gr_jax's records from `level`; other libraries' from WARNING (or `level`, if higher), each distinct first
+    line once; no FILE_ONLY ones."""
 
     def __init__(self, *, level: int):
         super().__init__()
         self.level = level
+        self._shown: set[tuple[str, int, str]] = set()
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not getattr(record, _CONSOLE_KEY, True):
             return False
-        least = self.level if _is_own(record.name) else max(self.level, logging.WARNING)
-        return record.levelno >= least
+        if _is_own(record.name):
+            return record.levelno >= self.level
+        if record.levelno < max(self.level, logging.WARNING):
+            return False
+        kind = (record.name, record.levelno, _first_line(record.getMessage()))
+        shown = kind in self._shown
+        self._shown.add(kind)
+        return not shown
 
 
 class ConsoleFormatter(logging.Formatter):
-    """The record's line with its exception's type and message in place of the traceback (unless GR_JAX_TRACEBACK is
-    set); the run's log file keeps the traceback."""
+    """The record's line with its exception's type and message in place of the traceback, and another library's
+    message cut to its first line (unless GR_JAX_TRACEBACK is set); the run's log file keeps them whole."""
 
     def format(self, record: logging.LogRecord) -> str:
-        if show_tracebacks() or not (record.exc_info or record.stack_info):
+        own = _is_own(record.name)
+        if show_tracebacks() or (own and not (record.exc_info or record.stack_info)):
             return super().format(record)
         line = logging.makeLogRecord(record.__dict__)  # the file handler still formats the original's traceback
         line.exc_info, line.exc_text, line.stack_info = None, None, None
+        message = record.getMessage() if own else _first_line(record.getMessage())
         error = record.exc_info[1] if record.exc_info else None
-        if error is not None:
-            line.msg, line.args = f"{record.getMessage()}: {type(error).__name__}: {error}", ()
+        line.msg, line.args = f"{message}: {type(error).__name__}: {error}" if error is not None else message, ()
         return super().format(line)
 
 
@@ -119,23 +135,40 @@ def configure_console(*, log_format: str = FORMAT) -> None:
     root.addHandler(console)
     root.setLevel(min(level, logging.INFO))  # the run's log file gets INFO even when the console shows less
     threading.excepthook = _log_thread_error
+    sys.unraisablehook = _log_unraisable
+    _errors_shown.clear()
     _hold_early_records()
 
 
 _errors_shown: set[tuple[str, str]] = set()
 
 
-def _log_thread_error(args: threading.ExceptHookArgs) -> None:
-    """A background thread's error (an asynchronous checkpoint write) as one console line, once per kind of error,
-    its traceback in the run's log file every time: Python's default hook prints every traceback."""
-    if args.exc_type is SystemExit:
-        return
-    kind = (args.exc_type.__name__, str(args.exc_value))
+def _log_error_once(message: str, error: BaseException, traceback: Optional[TracebackType]) -> None:
+    """`message` with `error`'s traceback in the run's log file every time; on the console once per kind of error."""
+    kind = (type(error).__name__, str(error))
     shown = kind in _errors_shown
     _errors_shown.add(kind)
-    name = args.thread.name if args.thread is not None else "?"
-    logger.error("thread %s ended with an error", name, exc_info=(args.exc_type, args.exc_value, args.exc_traceback),
-                 extra=FILE_ONLY if shown else {})
+    logger.error(message, exc_info=(type(error), error, traceback), extra=FILE_ONLY if shown else {})
+
+
+def _log_thread_error(args: threading.ExceptHookArgs) -> None:
+    """A background thread's error (an asynchronous checkpoint write) as one console line, once per kind of error:
+    Python's default hook prints every traceback."""
+    if args.exc_type is SystemExit or args.exc_value is None:
+        return
+    _log_error_once(f"thread {args.thread.name if args.thread is not None else '?'} ended with an error",
+                    args.exc_value, args.exc_traceback)
+
+
+def _log_unraisable(unraisable: "sys.UnraisableHookArgs") -> None:
+    """An error Python could not raise (a callback from native code: tensorstore's writes completing into the event
+    loop of a save that failed on a full disk) as one console line per kind: Python's default hook prints each one's
+    traceback."""
+    if unraisable.exc_value is None:
+        return
+    where = f" in {unraisable.object!r}" if unraisable.object is not None else ""
+    _log_error_once(f"{unraisable.err_msg or 'an error was ignored'}{where}", unraisable.exc_value,
+                    unraisable.exc_traceback)
 
 
 def _hold_early_records() -> None:

@@ -9,13 +9,14 @@ from gr_jax import logs
 
 @pytest.fixture
 def root_logging():
-    """The root logger's handlers and level and the thread hook, put back after a test that configures them."""
+    """The root logger's handlers and level and the error hooks, put back after a test that configures them."""
+    import sys
     import threading
 
     root = logging.getLogger()
-    handlers, level, hook = list(root.handlers), root.level, threading.excepthook
+    handlers, level, hooks = list(root.handlers), root.level, (threading.excepthook, sys.unraisablehook)
     yield root
-    threading.excepthook = hook
+    threading.excepthook, sys.unraisablehook = hooks
     for handler in [h for h in root.handlers if h not in handlers]:
         root.removeHandler(handler)
     for handler in handlers:
@@ -81,6 +82,43 @@ def test_run_log_holds_earlier_records_and_the_error_that_ended_the_run(tmp_path
     with logs.run_log(tmp_path / "next.txt") as second:  # the record between the runs opens the next run's log
         pass
     assert [line.split(": ", 1)[1] for line in second.read_text().splitlines()] == ["after the run"]
+
+
+def test_another_librarys_record_is_one_line_and_each_distinct_one_shown_once(monkeypatch):
+    """A save that fails on a full disk: asyncio reports each pending write's error alike, in two lines each."""
+    monkeypatch.delenv("GR_JAX_TRACEBACK", raising=False)
+    console = logs.ConsoleFilter(level=logging.INFO)
+    formatter = logs.ConsoleFormatter("%(levelname)s %(name)s: %(message)s")
+    records = [_record("asyncio", logging.ERROR, f"Task exception was never retrieved\nfuture: <Task-{i}>")
+               for i in range(3)] + [_record("absl", logging.ERROR, "write failed")]
+    assert [formatter.format(r) for r in records if console.filter(r)] == [
+        "ERROR asyncio: Task exception was never retrieved ...", "ERROR absl: write failed"]
+    own = [_record("gr_jax.training", logging.WARNING, "twice\nin two lines") for _ in range(2)]
+    shown = [formatter.format(r) for r in own if console.filter(r)]
+    assert shown == ["WARNING gr_jax.training: twice\nin two lines"] * 2
+
+
+def test_an_unraisable_error_is_one_line_with_its_traceback_in_the_file(tmp_path, monkeypatch, root_logging):
+    """What native code's callbacks raise (tensorstore's writes completing into a closed event loop) reaches
+    sys.unraisablehook: one console line per kind, every traceback in the run's log."""
+    import gc
+
+    monkeypatch.delenv("GR_JAX_TRACEBACK", raising=False)
+    logs.configure_console()
+    console = next(h for h in root_logging.handlers if type(h) is logging.StreamHandler)
+    lines = []
+    console.emit = lambda record: lines.append(console.format(record))
+
+    class Callback:
+        def __del__(self):
+            raise RuntimeError("Event loop is closed")
+
+    with logs.run_log(tmp_path / "log.txt") as path:
+        for _ in range(3):
+            Callback()
+            gc.collect()
+    assert len(lines) == 1 and lines[0].endswith("RuntimeError: Event loop is closed"), lines
+    assert path.read_text().count("Traceback (most recent call last)") == 3
 
 
 def test_a_misspelt_level_is_bad_input(monkeypatch):
