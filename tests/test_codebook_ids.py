@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from gr_jax.codebook_ids import CodebookIds, build_codebook_ids, collision_indices
+from gr_jax.docids.codebook_ids import CodebookIds, build_codebook_ids, collision_indices
 from gr_jax.docids import DocidSpace, DocidTable
 from gr_jax.docids.schemes.codebook import codebook_docid_table
 from gr_jax.vocabulary import EOS_ID, PAD_ID, load_vocabulary
@@ -74,7 +74,7 @@ def test_bad_codebook_arguments_are_refused():
 
 def test_tool_builds_the_codebook_table(topic_data_dir):  # noqa: F811
     from gr_jax.tools import semantic_ids as tool
-    report = tool.build(data_dir=topic_data_dir, scheme="codebook", k=0, c=0, seed=0, levels=3, codes=3,
+    report = tool.build(data_dir=topic_data_dir, scheme="codebook", options=dict(seed=0, levels=3, codes=3),
                         embeddings_path=None, batch_size=32, encoder=HashedBagOfWords())
     table = DocidTable.load(topic_data_dir / "docids.codebook.tsv")
     vocabulary = load_vocabulary(topic_data_dir)

@@ -12,7 +12,8 @@ from gr_jax.docids import DocidSpace, DocidTable
 from gr_jax.docids.schemes.atomic import atomic_docid_table
 from gr_jax.docids.schemes.semantic import digit_token_ids, semantic_docid_table
 from gr_jax.docids.schemes.semantic2d import semantic_2d_docid_table
-from gr_jax.semantic_ids import SemanticIds, build_semantic_ids, embed_texts
+from gr_jax.docids.semantic_ids import SemanticIds, build_semantic_ids
+from gr_jax.encoders.collection import embed_texts
 from gr_jax.vocabulary import EOS_ID, PAD_ID, load_vocabulary, train_sentencepiece
 
 DIGIT_TOKENS = list(range(10, 20))  # token of digit d is 10 + d
@@ -297,8 +298,8 @@ def test_tool_builds_and_writes_the_table(topic_data_dir, scheme, capsys):
     encoder = HashedBagOfWords()
     cache = topic_data_dir / f"embeddings.{scheme}.npy"
     # nredo=5: a single k-means++ start merges two of three separated topics about 1 time in 10.
-    report = tool.build(data_dir=topic_data_dir, scheme=scheme, k=3, c=10, seed=0, nredo=5, embeddings_path=cache,
-                        batch_size=32, encoder=encoder)
+    report = tool.build(data_dir=topic_data_dir, scheme=scheme, options=dict(k=3, c=10, seed=0, nredo=5),
+                        embeddings_path=cache, batch_size=32, encoder=encoder)
     assert encoder.calls == 4  # 120 passages, 32 at a time
     assert not report["embeddings_cached"] and report["embed_documents_per_s"] > 0
     table = DocidTable.load(topic_data_dir / f"docids.{scheme}.tsv")
@@ -321,8 +322,8 @@ def test_tool_builds_and_writes_the_table(topic_data_dir, scheme, capsys):
         assert _model_vocab_size(table, vocab_size=vocabulary.vocab_size) <= report["model_vocab_size"]
     # A second run reuses the embeddings cache (the encoder is not called) and writes the same table.
     again = HashedBagOfWords()
-    report = tool.build(data_dir=topic_data_dir, scheme=scheme, k=3, c=10, seed=0, nredo=5, embeddings_path=cache,
-                        batch_size=32, encoder=again)
+    report = tool.build(data_dir=topic_data_dir, scheme=scheme, options=dict(k=3, c=10, seed=0, nredo=5),
+                        embeddings_path=cache, batch_size=32, encoder=again)
     assert again.calls == 0 and report["embeddings_cached"] and report["embed_documents_per_s"] is None
     np.testing.assert_array_equal(DocidTable.load(topic_data_dir / f"docids.{scheme}.tsv").tokens, table.tokens)
 
@@ -371,8 +372,61 @@ def test_embed_texts_streams_into_a_preallocated_matrix():
 
 
 def test_schemes_are_listed():
+    """The tool has no list of schemes: it writes every registered one, and the prebuilt ones bring their options."""
     from gr_jax import docids
+    from gr_jax.docids.scheme import PrebuiltScheme
     from gr_jax.tools import semantic_ids as tool
 
-    assert tool.SCHEMES == ("semantic", "semantic2d", "codebook", "atomic")
-    assert set(tool.SCHEMES) <= set(docids.SCHEMES) == {"naive", "atomic", "semantic", "semantic2d", "codebook"}
+    assert {"naive", "atomic", "semantic", "semantic2d", "codebook"} <= set(docids.SCHEMES)
+    prebuilt = {name for name, scheme in docids.SCHEMES.items() if isinstance(scheme, PrebuiltScheme)}
+    assert {"semantic", "semantic2d", "codebook"} <= prebuilt and not {"naive", "atomic"} & prebuilt
+    options = tool.scheme_options()
+    assert options["k"].schemes == options["nredo"].schemes == {"semantic", "semantic2d"}
+    assert options["levels"].schemes == options["shared_codes"].schemes == {"codebook"}
+    assert {"semantic", "semantic2d", "codebook"} <= options["seed"].schemes
+    assert (options["k"].kind, options["shared_codes"].kind) == (int, bool)
+    assert options["k"].help == "semantic, semantic2d: clusters per level (default: 10)"
+
+
+def test_tool_takes_each_schemes_own_options(capsys):
+    """Today's command lines parse to the chosen scheme's settings; an option of another scheme is an error."""
+    from gr_jax.docids import get_scheme
+    from gr_jax.docids.schemes.codebook import CodebookSettings
+    from gr_jax.docids.schemes.semantic import SemanticSettings
+    from gr_jax.tools import semantic_ids as tool
+
+    args, options = tool._parse_args(["--data_dir", "d", "--scheme", "codebook", "--levels", "3", "--codes", "16",
+                                      "--shared_codes"])
+    assert args.scheme == "codebook" and options == {"levels": 3, "codes": 16, "shared_codes": True}
+    assert get_scheme("codebook").settings(options) == CodebookSettings(levels=3, codes=16, shared_codes=True, seed=0)
+    args, options = tool._parse_args(["--data_dir", "d", "--k", "3", "--c", "10", "--seed", "2", "--nredo", "5"])
+    assert args.scheme == "semantic" and get_scheme("semantic").settings(options) == SemanticSettings(k=3, c=10, seed=2,
+                                                                                                      nredo=5)
+    assert tool._parse_args(["--data_dir", "d", "--scheme", "atomic"])[1] == {}
+    with pytest.raises(SystemExit):
+        tool._parse_args(["--data_dir", "d", "--scheme", "codebook", "--k", "3"])
+    assert "--k: not an option of --scheme codebook (its options: --codes, --levels, --seed, --shared_codes)" in (
+        capsys.readouterr().err)
+    with pytest.raises(SystemExit):
+        tool._parse_args(["--data_dir", "d", "--scheme", "atomic", "--seed", "1"])
+    assert "--seed: not an option of --scheme atomic (its options: none)" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"docid scheme 'semantic' has no option 'levels' \(its options: k, c, seed, "
+                                         r"nredo\)"):
+        get_scheme("semantic").settings({"levels": 2})
+
+
+def test_scheme_options_refuse_one_name_with_two_types():
+    import dataclasses
+
+    from gr_jax.docids.scheme import PrebuiltScheme, option
+    from gr_jax.tools import semantic_ids as tool
+
+    def scheme(name: str, kind: type):
+        settings = dataclasses.make_dataclass("Settings", [("seed", kind, option(kind(0), "a seed"))], frozen=True)
+        return type(name, (PrebuiltScheme,), {"name": name, "settings_type": settings,
+                                              "from_embeddings": lambda self, **kwargs: None})()
+
+    merged = tool.scheme_options({"a": scheme("a", int), "b": scheme("b", int)})
+    assert merged["seed"].schemes == {"a", "b"} and merged["seed"].help == "a, b: a seed (default: 0)"
+    with pytest.raises(TypeError, match="option --seed has several types: a: int, b: float"):
+        tool.scheme_options({"a": scheme("a", int), "b": scheme("b", float)})

@@ -46,7 +46,7 @@ from gr_jax.models import EncoderDecoderModel
 
 MSMARCO_PASSAGES = 8_841_823
 T5_VOCAB_SIZE = 32_128  # T5's SentencePiece (32,000 pieces + 100 sentinels), padded to a multiple of 128
-T5_SPM_SIZE = 32_100  # where gr_jax.semantic_ids appends docid tokens: the SentencePiece model's size
+T5_SPM_SIZE = 32_100  # where gr_jax.tools.semantic_ids appends docid tokens: the SentencePiece model's size
 SEMANTIC2D_VALUES = 100  # tokens per 2D position: max(k=10 cluster digits, c=100 leaf positions)
 
 

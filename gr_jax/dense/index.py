@@ -8,7 +8,7 @@
 
 The embeddings are the costly part (hours at 8.8M passages on CPU): every index type is built from the same ones.
 
-Encoding streams the collection (`gr_jax.semantic_ids.embed_texts`: batches, a progress bar with documents/s)
+Encoding streams the collection (`gr_jax.encoders.collection.embed_texts`: batches, a progress bar with documents/s)
 into a memory-mapped .npy, so an 8.8M-passage collection never sits in memory as text or vectors; texts are
 tokenised per batch and sorted by length within each batch of `read_size` texts, so a forward pass pads to the
 smallest length bucket that holds its texts (one compilation per bucket).
@@ -41,6 +41,7 @@ import numpy as np
 
 from gr_jax.data.readers import DataFormatError
 from gr_jax.dense.similarity import scores
+from gr_jax.encoders.collection import embed_texts
 
 logger = logging.getLogger(__name__)
 
@@ -278,7 +279,6 @@ def encode_corpus(*, texts: Callable[[], Any], num_documents: int, encode: Calla
                   show_progress: bool = False) -> tuple[np.ndarray, float]:
     """(vectors float32[num_documents, *shape], seconds): `encode` over the streamed texts, into a memory-mapped
     `out_path` (.npy, written under a temporary name and renamed when complete) or an array."""
-    from gr_jax.semantic_ids import embed_texts
     full_shape = (num_documents, *shape)
     if out_path is not None:
         out_path = pathlib.Path(out_path)

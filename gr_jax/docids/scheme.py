@@ -5,16 +5,23 @@ A scheme turns a dataset and a vocabulary into a `DocidTable`. Each scheme is on
 registers when its module is imported, e.g. by a gin file's `from my_package import my_scheme`.
 
 Tables that are cheap to build (naive, atomic) are cached in `{data_dir}/docids.{scheme}.tsv` and re-checked
-against the vocabulary when read (`check`); prebuilt schemes (k-means ids) are built offline by a tool that writes
-the same file, which is then only read and checked, never rewritten (`prebuilt_command` names that tool).
+against the vocabulary when read (`check`). A `PrebuiltScheme` (k-means ids, codebooks, sparse codes) is built
+offline from the collection's embeddings by `python -m gr_jax.tools.semantic_ids --scheme NAME`, which writes the
+same file, then only read and checked, never rewritten. The scheme brings that builder: `from_embeddings` makes its
+table from the embeddings, and its `settings_type` (a dataclass whose fields are declared with `option`) gives the
+tool's command-line options, so a new prebuilt scheme is one module and the tool names none.
 """
 from __future__ import annotations
 
 import abc
+import dataclasses
 import os
-from typing import TYPE_CHECKING, ClassVar, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 import numpy as np
+
+from gr_jax.docids.table import ExtendedDocidTable
 
 if TYPE_CHECKING:
     import seqio
@@ -27,6 +34,8 @@ class DocidScheme(abc.ABC):
     """How a dataset's docids become token sequences (see the module docstring)."""
 
     name: ClassVar[str]
+    #: One line for a list of schemes (the tool's `--scheme` help).
+    description: ClassVar[str] = ""
     #: Built offline by `prebuilt_command`; read from `docids.{name}.tsv` and never written here.
     prebuilt: ClassVar[bool] = False
 
@@ -44,6 +53,57 @@ class DocidScheme(abc.ABC):
     def prebuilt_command(self, data_dir: str | os.PathLike) -> str:
         """The command that writes `docids.{name}.tsv` (prebuilt schemes)."""
         raise NotImplementedError(f"docid scheme {self.name!r} is built when a run needs it")
+
+
+def option(default: Any, help: str) -> Any:
+    """A field of a prebuilt scheme's settings dataclass: its default and the tool's help text for `--{field}`."""
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
+@dataclasses.dataclass(frozen=True)
+class PrebuiltTable:
+    """What a prebuilt scheme's offline build returns: the table with the number of token ids it appends after the
+    vocabulary, and the diagnostics the tool prints as JSON (collisions, balance)."""
+
+    extended: ExtendedDocidTable
+    diagnostics: Mapping[str, Any]
+
+
+SettingsT = TypeVar("SettingsT")
+
+
+class PrebuiltScheme(DocidScheme, Generic[SettingsT]):
+    """A scheme whose table is built offline from the collection's embeddings (see the module docstring).
+
+    settings_type: a frozen dataclass of the offline build's settings, every field with a default (`option`);
+      each field is the tool's `--{field}` option (a bool field a `--{field}/--no-{field}` flag).
+    """
+
+    prebuilt = True
+    settings_type: type[SettingsT]
+
+    @abc.abstractmethod
+    def from_embeddings(self, *, docids: Sequence[str], embeddings: np.ndarray,
+                        vocabulary: seqio.SentencePieceVocabulary, settings: SettingsT,
+                        show_progress: bool = False) -> PrebuiltTable:
+        """The table of the documents `docids` whose embeddings are the rows of `embeddings` float[N, dim] (an array
+        or a read-only memmap), in that order."""
+
+    def settings(self, options: Mapping[str, Any]) -> SettingsT:
+        """`settings_type` from the options given by name (the others keep their defaults)."""
+        names = [field.name for field in dataclasses.fields(self.settings_type)]  # type: ignore[arg-type]
+        unknown = sorted(set(options) - set(names))
+        if unknown:
+            raise ValueError(f"docid scheme {self.name!r} has no option {', '.join(map(repr, unknown))} (its options: "
+                             f"{', '.join(names) or 'none'})")
+        return self.settings_type(**options)
+
+    def prebuilt_command(self, data_dir: str | os.PathLike) -> str:
+        return f"python -m gr_jax.tools.semantic_ids --data_dir {data_dir} --scheme {self.name}"
+
+    def build(self, *, dataset, vocabulary) -> DocidTable:
+        raise FileNotFoundError(f"{self.name} docids are built offline from the collection's embeddings by "
+                                f"`{self.prebuilt_command(dataset.data_dir)}`")
 
 
 SCHEMES: dict[str, DocidScheme] = {}

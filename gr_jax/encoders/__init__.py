@@ -2,7 +2,7 @@
 
 Why an interface and not one model: DSI/NCI build semantic docids from BERT-family document embeddings,
 and which encoder (MiniLM, a T5 encoder, precomputed vectors) is a choice of the experiment;
-`gr_jax.semantic_ids` takes any `Encoder`.
+`gr_jax.encoders.collection` embeds a collection with any `Encoder`.
 """
 from __future__ import annotations
 

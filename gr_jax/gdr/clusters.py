@@ -6,7 +6,7 @@ configuration (`branching`, e.g. (16, 8): at most 128 clusters) whatever the cor
 memorises which cluster answers a query, and dense vectors pick the documents inside it: the paper's "the total
 number of clusters is determined by the memory volume rather than the corpus size".
 
-Building (`build_cluster_ids`): k-means (faiss, seeded per node as `gr_jax.semantic_ids` does) into branching[0]
+Building (`build_cluster_ids`): k-means (faiss, seeded per node as `gr_jax.docids.kmeans` does) into branching[0]
 clusters, then each of them into branching[1], and so on. A node with at most branching[level] documents is not
 split (all its documents take digit 0): k-means cannot fit more centroids than points, and a cluster per document
 is what GDR avoids. Every path has the full depth, so every cluster id has the same length. Only non-empty leaves
@@ -27,6 +27,7 @@ import numpy as np
 import tqdm
 
 from gr_jax.data.readers import DataFormatError
+from gr_jax.docids.kmeans import check_embeddings, kmeans_labels, node_seed
 from gr_jax.docids.table import DocidTable
 from gr_jax.vocabulary import EOS_ID, PAD_ID
 
@@ -122,8 +123,7 @@ def build_cluster_ids(*, embeddings: np.ndarray, branching: Sequence[int], seed:
                       show_progress: bool = False) -> ClusterIds:
     """Fixed-depth hierarchical k-means clusters of the rows of `embeddings` float[N, dim] (an array or a read-only
     memmap); see the module docstring. Deterministic for a given `seed`; the k-means settings are those of
-    `gr_jax.semantic_ids.build_semantic_ids`."""
-    from gr_jax.semantic_ids import check_embeddings, kmeans_labels, node_seed
+    `gr_jax.docids.semantic_ids.build_semantic_ids`."""
     branching = tuple(int(b) for b in branching)
     if not branching or min(branching) < 2:
         raise ValueError(f"branching must be one or more clusters per level, each >= 2, got {branching}")

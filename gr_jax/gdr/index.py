@@ -41,6 +41,7 @@ import numpy as np
 
 from gr_jax.data.readers import DataFormatError
 from gr_jax.dense import index as dense_index
+from gr_jax.docids.kmeans import import_faiss
 from gr_jax.gdr.clusters import ClusterIds, leaf_centroids
 
 PathLike = str | os.PathLike
@@ -53,7 +54,6 @@ _ADD_CHUNK = 65_536  # vectors added to the faiss index at a time
 
 
 def _faiss():
-    from gr_jax.semantic_ids import import_faiss
     return import_faiss()
 
 

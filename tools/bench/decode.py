@@ -19,7 +19,7 @@ included, is timed too (`predict_batch_*`; --no-predict-batch skips it). Docid s
 naive docids (pids 0..N-1 as strings through a SentencePiece vocabulary: --vocab, else
 data/wordnet_food/spm.model, else one trained here on synthetic text), and `semantic`, semantic-id-shaped
 docids (a random cluster tree with k=10 children per split and leaves of at most c=100 documents, written
-as digit tokens and a 2-digit leaf position, as `gr_jax.semantic_ids.semantic_docid_table` writes them).
+as digit tokens and a 2-digit leaf position, as `gr_jax.docids.schemes.semantic.semantic_docid_table` writes them).
 
 `constraint` (part 2): random logits stand in for the model (a step_fn returning fixed random logits per
 position), so only the search and its constraint are timed. One jitted beam search uses our array trie

@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from gr_jax.semantic_ids import build_semantic_ids
+from gr_jax.docids.semantic_ids import build_semantic_ids
 
 _CHUNK = 65_536
 

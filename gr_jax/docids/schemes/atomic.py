@@ -18,6 +18,7 @@ from gr_jax.vocabulary import EOS_ID
 @register_scheme
 class AtomicScheme(DocidScheme):
     name = "atomic"
+    description = "one new token per document (DSI)"
 
     def build(self, *, dataset, vocabulary) -> DocidTable:
         return atomic_docid_table(docids=(docid for docid, _ in dataset.collection()),

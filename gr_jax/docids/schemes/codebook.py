@@ -1,4 +1,4 @@
-"""Codebook docids (RIPOR-style, `gr_jax.codebook_ids`): L residual k-means codes of N values as new tokens.
+"""Codebook docids (RIPOR-style, `gr_jax.docids.codebook_ids`): L residual k-means codes of N values as new tokens.
 
 Position-specific tokens (default): code c at level l is `vocab_size + l * N + c`, so each level has its own N
 tokens (L x N appended); shared tokens: code c is `vocab_size + c` at every level (N appended). A document whose
@@ -8,24 +8,41 @@ offline from the collection's embeddings by `python -m gr_jax.tools.semantic_ids
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gr_jax.docids.scheme import register_scheme
-from gr_jax.docids.schemes.semantic import EmbeddingIdScheme, check_docids
+from gr_jax.docids.codebook_ids import CodebookIds, build_codebook_ids
+from gr_jax.docids.scheme import PrebuiltScheme, PrebuiltTable, option, register_scheme
+from gr_jax.docids.schemes.semantic import check_docids
 from gr_jax.docids.table import (DocidTable, ExtendedDocidTable, appended_tokens_problem,
                                  check_appended_vocab_size)
 from gr_jax.vocabulary import EOS_ID, PAD_ID
 
-if TYPE_CHECKING:  # the k-means modules import the docid table, so only for annotations here
-    from gr_jax.codebook_ids import CodebookIds
+
+@dataclasses.dataclass(frozen=True)
+class CodebookSettings:
+    """The residual k-means of the codebook scheme (`build_codebook_ids`) and its token layout."""
+
+    levels: int = option(8, "residual k-means levels")
+    codes: int = option(256, "codes per level")
+    shared_codes: bool = option(False, "one set of code tokens for every level, not one per level")
+    seed: int = option(0, "k-means seed")
 
 
 @register_scheme
-class CodebookScheme(EmbeddingIdScheme):
+class CodebookScheme(PrebuiltScheme[CodebookSettings]):
     name = "codebook"
+    description = "residual k-means codes appended after the vocabulary (RIPOR-style)"
+    settings_type = CodebookSettings
+
+    def from_embeddings(self, *, docids, embeddings, vocabulary, settings, show_progress=False) -> PrebuiltTable:
+        ids = build_codebook_ids(embeddings=embeddings, levels=settings.levels, num_codes=settings.codes,
+                                 seed=settings.seed, show_progress=show_progress)
+        extended = codebook_docid_table(docids=docids, ids=ids, vocab_size=vocabulary.vocab_size,
+                                        shared_codes=settings.shared_codes)
+        return PrebuiltTable(extended=extended, diagnostics=ids.stats.to_json())
 
     def check(self, table, *, vocabulary, rows) -> str | None:
         return appended_tokens_problem(table, vocab_size=vocabulary.vocab_size)

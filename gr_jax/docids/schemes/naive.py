@@ -20,6 +20,7 @@ _ENCODE_CHUNK = 65_536
 @register_scheme
 class NaiveScheme(DocidScheme):
     name = "naive"
+    description = "each document's own id string in the vocabulary's pieces (DSI)"
 
     def build(self, *, dataset, vocabulary) -> DocidTable:
         return naive_docid_table(docids=(docid for docid, _ in dataset.collection()),

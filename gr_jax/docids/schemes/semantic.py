@@ -2,44 +2,46 @@
 
 Every level is written with `len(str(k - 1))` digits and the leaf position with `len(str(c - 1))`
 (3-0-7-42 -> "3 0 7 4 2" for k=10, c=100), so a T5 vocabulary and its output layer are reused unchanged and
-the fixed widths make the digit string decodable. The ids come from `gr_jax.semantic_ids.build_semantic_ids`
-over an encoder's embeddings: an offline job (`python -m gr_jax.tools.semantic_ids`) that writes the table file.
+the fixed widths make the digit string decodable. The ids come from `gr_jax.docids.semantic_ids.build_semantic_ids`
+over an encoder's embeddings: an offline job (`python -m gr_jax.tools.semantic_ids --scheme semantic`, with `--k`,
+`--c`, `--seed`, `--nredo`) that writes the table file.
 """
 from __future__ import annotations
 
 import abc
-import os
+import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gr_jax.docids.scheme import DocidScheme, register_scheme
+from gr_jax.docids.scheme import PrebuiltScheme, PrebuiltTable, option, register_scheme
+from gr_jax.docids.semantic_ids import SemanticIds, build_semantic_ids
 from gr_jax.docids.table import DocidTable, ExtendedDocidTable
 from gr_jax.vocabulary import EOS_ID, PAD_ID, UNK_ID
-
-if TYPE_CHECKING:  # the k-means module imports the docid table, so only for annotations here
-    from gr_jax.semantic_ids import SemanticIds
 
 DIGITS = "0123456789"
 
 
-class EmbeddingIdScheme(DocidScheme):
-    """A scheme whose table is made from the collection's embeddings (k-means), offline, by
-    `gr_jax.tools.semantic_ids --scheme {name}`."""
+@dataclasses.dataclass(frozen=True)
+class SemanticSettings:
+    """The hierarchical k-means of the semantic schemes (`build_semantic_ids`)."""
 
-    prebuilt = True
-
-    def prebuilt_command(self, data_dir: str | os.PathLike) -> str:
-        return f"python -m gr_jax.tools.semantic_ids --data_dir {data_dir} --scheme {self.name}"
-
-    def build(self, *, dataset, vocabulary) -> DocidTable:
-        raise FileNotFoundError(f"{self.name} docids come from k-means over the collection's embeddings, built "
-                                f"offline by `{self.prebuilt_command(dataset.data_dir)}`")
+    k: int = option(10, "clusters per level")
+    c: int = option(100, "most documents per leaf")
+    seed: int = option(0, "k-means seed")
+    nredo: int = option(1, "k-means runs per split, the best kept (each run costs the same)")
 
 
-class SemanticIdScheme(EmbeddingIdScheme):
-    """A scheme whose table is made from hierarchical k-means ids (`gr_jax.semantic_ids`)."""
+class SemanticIdScheme(PrebuiltScheme[SemanticSettings]):
+    """A scheme whose table is made from hierarchical k-means ids (`gr_jax.docids.semantic_ids`)."""
+
+    settings_type = SemanticSettings
+
+    def from_embeddings(self, *, docids, embeddings, vocabulary, settings, show_progress=False) -> PrebuiltTable:
+        ids = build_semantic_ids(embeddings=embeddings, k=settings.k, c=settings.c, seed=settings.seed,
+                                 nredo=settings.nredo, show_progress=show_progress)
+        return PrebuiltTable(extended=self.from_semantic_ids(docids=docids, ids=ids, vocabulary=vocabulary),
+                             diagnostics=ids.stats.to_json())
 
     @abc.abstractmethod
     def from_semantic_ids(self, *, docids: Sequence[str], ids: SemanticIds, vocabulary) -> ExtendedDocidTable:
@@ -49,6 +51,7 @@ class SemanticIdScheme(EmbeddingIdScheme):
 @register_scheme
 class SemanticScheme(SemanticIdScheme):
     name = "semantic"
+    description = "hierarchical k-means ids in the vocabulary's digit pieces (DSI)"
 
     def from_semantic_ids(self, *, docids, ids, vocabulary) -> ExtendedDocidTable:
         table = semantic_docid_table(docids=docids, ids=ids, digit_tokens=digit_token_ids(vocabulary))

@@ -1,27 +1,26 @@
 """2D semantic docids (NCI's "2D code"): value v at position p of a k-means id is the new token
 `vocab_size + p * base + v` with `base = max(k, c)`, so the same digit at different depths is a different token;
-the model's embedding and output grow by `(max_depth + 1) * base` tokens appended after the vocabulary.
+the model's embedding and output grow by `(max_depth + 1) * base` tokens appended after the vocabulary. Built
+offline with the semantic scheme's k-means and options (`python -m gr_jax.tools.semantic_ids --scheme semantic2d`).
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from gr_jax.docids.scheme import register_scheme
 from gr_jax.docids.schemes.semantic import SemanticIdScheme, check_docids
+from gr_jax.docids.semantic_ids import SemanticIds
 from gr_jax.docids.table import (DocidTable, ExtendedDocidTable, appended_tokens_problem,
                                  check_appended_vocab_size)
 from gr_jax.vocabulary import EOS_ID, PAD_ID
-
-if TYPE_CHECKING:  # the k-means module imports the docid table, so only for annotations here
-    from gr_jax.semantic_ids import SemanticIds
 
 
 @register_scheme
 class Semantic2DScheme(SemanticIdScheme):
     name = "semantic2d"
+    description = "hierarchical k-means ids as NCI's (position, value) tokens appended after the vocabulary"
 
     def from_semantic_ids(self, *, docids, ids, vocabulary) -> ExtendedDocidTable:
         return semantic_2d_docid_table(docids=docids, ids=ids, vocab_size=vocabulary.vocab_size)

@@ -1,4 +1,4 @@
-"""Hierarchical k-means ids (DSI, NCI's semantic docids) over document embeddings, and the embedding of a collection.
+"""Hierarchical k-means ids (DSI, NCI's semantic docids) over document embeddings.
 
 **Semantic ids** (DSI, Tay et al. 2022; NCI, Wang et al. 2022): documents are embedded, clustered into k
 groups by k-means, and every group with more than c documents is clustered again, recursively; a
@@ -8,8 +8,8 @@ document's id is the path of cluster digits from the root to its leaf, then its 
 
 Documents with similar embeddings share id prefixes, which is what lets a seq2seq model generalise from
 indexed documents to their neighbours. The recursion is iterative (an explicit stack of index arrays),
-every split is one faiss k-means (seeded, deterministic), and a cluster with more than `sample_above`
-documents (1M) has its centroids fit on a `sample_size` (100k) sample before all its documents are
+every split is one faiss k-means (`gr_jax.docids.kmeans`: seeded, deterministic), and a cluster with more
+than `sample_above` documents (1M) has its centroids fit on a `sample_size` (100k) sample before all its documents are
 assigned. Memory is the embedding matrix (an array or a memory-mapped .npy) plus a float32 copy of the
 cluster being split (the root is fit on a sample above 1M, and used in place below when it is an
 in-memory float32 matrix), plus a few int32 per document.
@@ -22,27 +22,14 @@ pieces) and `gr_jax.docids.schemes.semantic2d` (NCI's (position, value) tokens a
 from __future__ import annotations
 
 import dataclasses
-import logging
-import os
-import pathlib
-import time
-from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
 import numpy as np
 import tqdm
 
+from gr_jax.docids.kmeans import check_embeddings, kmeans_labels, node_seed
 from gr_jax.docids.table import first_collision
 
-if TYPE_CHECKING:
-    from gr_jax.data.readers import RetrievalDataset
-    from gr_jax.encoders import Encoder
-
-logger = logging.getLogger(__name__)
-
-PathLike = str | os.PathLike
-# Rows gathered / assigned / checked at a time: bounds temporaries to ~100 MB for 384-dim float32 vectors.
-_CHUNK = 65_536
 _NO_DIGIT = -1
 
 
@@ -163,82 +150,9 @@ def _tree_stats(*, path: np.ndarray, depth: np.ndarray, position_splits: int, sa
         position_splits=position_splits, sampled_fits=sampled_fits, collisions=0)
 
 
-def node_seed(seed: int, path: tuple[int, ...]) -> np.random.SeedSequence:
-    """A seed per cluster from its path, so each split is reproducible whatever order the tree is built in."""
-    return np.random.SeedSequence([seed, len(path), *path])
-
-
-def _rows(embeddings: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """float32[len(rows), dim], C-contiguous (what faiss takes), for ascending unique `rows`.
-
-    All rows of an in-memory float32 matrix (the root of a collection below `sample_above`) are used in
-    place: no copy of the whole matrix.
-    """
-    everything = rows.size == embeddings.shape[0] and rows[0] == 0 and rows[-1] == rows.size - 1
-    if (everything and type(embeddings) is np.ndarray and embeddings.dtype == np.float32
-            and embeddings.flags.c_contiguous):
-        return embeddings
-    return np.ascontiguousarray(embeddings[rows], dtype=np.float32)
-
-
 def _position_split(size: int, k: int) -> np.ndarray:
     """int32[size]: k equal runs in document order (each run strictly smaller than `size` when size > 1)."""
     return (np.arange(size, dtype=np.int64) * k // size).astype(np.int32)
-
-
-def import_faiss():
-    """faiss, imported on first use, with its OpenMP threads sleeping rather than spinning when idle.
-
-    faiss bundles its own libgomp, which reads OMP_WAIT_POLICY when faiss is first imported. Thousands of
-    small k-means runs with the default (spinning) policy are 5x slower as soon as anything else runs on
-    the cores (measured on a shared 2-core host); a caller's own setting is kept.
-    """
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    import faiss
-
-    return faiss
-
-
-def kmeans_labels(embeddings: np.ndarray, members: np.ndarray, *, k: int, seed: np.random.SeedSequence, niter: int,
-                   nredo: int, sample_above: int, sample_size: int) -> tuple[np.ndarray, bool]:
-    """(int32[len(members)] cluster of each member, whether the centroids were fit on a sample)."""
-    faiss = import_faiss()
-
-    sampled = members.size > sample_above
-    if sampled:
-        rng = np.random.default_rng(seed)
-        fit_rows = members[np.sort(rng.choice(members.size, size=sample_size, replace=False))]
-    else:
-        fit_rows = members
-    fit = _rows(embeddings, fit_rows)
-    kmeans = faiss.Kmeans(
-        fit.shape[1], k, niter=niter, nredo=nredo, seed=int(seed.generate_state(1)[0] & 0x7FFFFFFF),
-        init_method=faiss.ClusteringInitMethod_KMEANS_PLUS_PLUS,
-        max_points_per_centroid=1 << 24,  # faiss would otherwise subsample to 256 points per centroid
-        min_points_per_centroid=1,  # small clusters are expected near the leaves: no warning
-        verbose=False)
-    kmeans.train(fit)
-    del fit
-    index = faiss.IndexFlatL2(kmeans.d)
-    index.add(kmeans.centroids)
-    labels = np.empty(members.size, np.int32)
-    for start in range(0, members.size, _CHUNK):
-        _, assigned = index.search(_rows(embeddings, members[start:start + _CHUNK]), 1)
-        labels[start:start + _CHUNK] = assigned[:, 0]
-    return labels, sampled
-
-
-def check_embeddings(embeddings: np.ndarray) -> None:
-    if embeddings.ndim != 2 or embeddings.shape[0] < 1 or embeddings.shape[1] < 1:
-        raise ValueError(f"embeddings must be a non-empty matrix [num_documents, dim], got shape "
-                         f"{list(embeddings.shape)}")
-    if not np.issubdtype(embeddings.dtype, np.floating):
-        raise ValueError(f"embeddings must be floating point, got {embeddings.dtype}")
-    for start in range(0, embeddings.shape[0], _CHUNK):
-        finite = np.isfinite(embeddings[start:start + _CHUNK]).all(axis=1)
-        if not finite.all():
-            row = start + int(np.argmin(finite))
-            raise ValueError(f"embedding row {row} has a NaN or infinite value (k-means would put it anywhere)")
 
 
 def build_semantic_ids(
@@ -322,116 +236,3 @@ def build_semantic_ids(
         max_depth=max_depth, depth_histogram={d: int(count) for d, count in enumerate(histogram) if count},
         position_splits=position_splits, sampled_fits=sampled_fits, collisions=0)
     return SemanticIds(path=path, depth=depth, leaf_position=leaf_position, k=k, c=c, stats=stats)
-
-
-def embed_texts(
-    *,
-    texts: Iterable[str],
-    encode: Encoder | Callable[[list[str]], np.ndarray],
-    num_texts: int,
-    dim: int,
-    batch_size: int = 1024,
-    out: np.ndarray | None = None,
-    show_progress: bool = False,
-) -> np.ndarray:
-    """float32[num_texts, dim]: `encode` over `texts`, streamed `batch_size` at a time into one matrix.
-
-    `out` (e.g. a `np.lib.format.open_memmap`) receives the rows instead of a new array, so the
-    collection's embeddings can exceed memory. The progress bar shows documents/s.
-    """
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if out is None:
-        out = np.empty((num_texts, dim), np.float32)
-    elif out.shape != (num_texts, dim):
-        raise ValueError(f"out has shape {list(out.shape)}, expected {[num_texts, dim]}")
-    filled = 0
-    batch: list[str] = []
-
-    def flush() -> None:
-        nonlocal filled
-        vectors = np.asarray(encode(batch))
-        if vectors.shape != (len(batch), dim):
-            raise ValueError(f"encode returned shape {list(vectors.shape)} for {len(batch)} texts, expected "
-                             f"{[len(batch), dim]}")
-        out[filled:filled + len(batch)] = vectors
-        filled += len(batch)
-        bar.update(len(batch))
-        batch.clear()
-
-    with tqdm.tqdm(total=num_texts, desc="embedding", unit="doc", disable=not show_progress) as bar:
-        for text in texts:
-            if filled + len(batch) >= num_texts:
-                raise ValueError(f"more than num_texts={num_texts} texts")
-            batch.append(text)
-            if len(batch) == batch_size:
-                flush()
-        if batch:
-            flush()
-    if filled != num_texts:
-        raise ValueError(f"got {filled} texts, expected num_texts={num_texts}")
-    return out
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class CollectionEmbeddings:
-    """A collection's embeddings: docids[i] is row i of `embeddings` (float32[N, dim], often memory-mapped).
-
-    `seconds` is the embedding time (0 when `cached`, i.e. read back from the cache file).
-    """
-
-    docids: tuple[str, ...]
-    embeddings: np.ndarray
-    cached: bool
-    seconds: float
-
-    @property
-    def documents_per_s(self) -> float | None:
-        return None if self.cached else len(self.docids) / max(self.seconds, 1e-9)
-
-
-def collection_embeddings(
-    *,
-    dataset: RetrievalDataset,
-    encoder: Encoder,
-    cache_path: PathLike | None = None,
-    batch_size: int = 1024,
-    show_progress: bool = False,
-) -> CollectionEmbeddings:
-    """The embeddings of a dataset's collection, in collection order.
-
-    With `cache_path` (a `.npy`), the embeddings are written there (memory-mapped, so an 8.8M x 384
-    collection never sits in RAM) and reused while the file is newer than the collection and has one row
-    per document: embedding the collection is the costly step (hours on CPU), and builds with other
-    k / c / seed or token schemes share it. The cache is written under a temporary name and renamed when
-    complete, so an interrupted run never leaves a truncated cache. The cache is known by its path only:
-    use one path per encoder.
-    """
-    docids = tuple(docid for docid, _ in dataset.collection())
-    if not docids:
-        raise ValueError(f"{dataset.collection_path}: the collection is empty")
-    shape = (len(docids), encoder.dim)
-    if cache_path is not None:
-        cache_path = pathlib.Path(cache_path)
-        if cache_path.is_file() and cache_path.stat().st_mtime_ns >= dataset.collection_path.stat().st_mtime_ns:
-            cached = np.load(cache_path, mmap_mode="r")
-            if cached.shape == shape and cached.dtype == np.float32:
-                logger.info("embeddings of %d documents from %s (cached)", len(docids), cache_path)
-                return CollectionEmbeddings(docids=docids, embeddings=cached, cached=True, seconds=0.0)
-            logger.warning("re-embedding: %s has shape %s, expected %s", cache_path, cached.shape, shape)
-        tmp_path = cache_path.with_name(f".{cache_path.name}.tmp")
-        out = np.lib.format.open_memmap(tmp_path, mode="w+", dtype=np.float32, shape=shape)
-    else:
-        out = None
-    start = time.perf_counter()
-    embeddings = embed_texts(texts=(text for _, text in dataset.collection()), encode=encoder, num_texts=len(docids),
-                             dim=encoder.dim, batch_size=batch_size, out=out, show_progress=show_progress)
-    seconds = time.perf_counter() - start
-    logger.info("embedded %d documents in %.1f s (%.1f documents/s)", len(docids), seconds,
-                len(docids) / max(seconds, 1e-9))
-    if cache_path is not None:
-        embeddings.flush()
-        del embeddings, out
-        os.replace(tmp_path, cache_path)
-        embeddings = np.load(cache_path, mmap_mode="r")
-    return CollectionEmbeddings(docids=docids, embeddings=embeddings, cached=False, seconds=seconds)

@@ -3,7 +3,7 @@
 Level 0 clusters the vectors into `num_codes` codes; each later level clusters what the previous levels left
 (the residual x - sum of the chosen centroids) into `num_codes` codes again, so a document's `levels` codes
 quantise its vector coarse to fine (residual quantisation, as RIPOR builds its ids from a dense encoder's
-vectors). Each level's k-means is the semantic ids' seeded faiss k-means (`gr_jax.semantic_ids.kmeans_labels`)
+vectors). Each level's k-means is the semantic ids' seeded faiss k-means (`gr_jax.docids.kmeans.kmeans_labels`)
 and its centroids are the means of the residuals assigned to each code.
 
 Documents whose `levels` codes coincide cannot be told apart by them: each gets a collision index (0, 1, ... in
@@ -18,7 +18,7 @@ import dataclasses
 import numpy as np
 import tqdm
 
-from gr_jax import semantic_ids
+from gr_jax.docids.kmeans import check_embeddings, kmeans_labels, node_seed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +94,7 @@ def collision_indices(codes: np.ndarray) -> np.ndarray:
 def build_codebook_ids(*, embeddings: np.ndarray, levels: int, num_codes: int, seed: int = 0, niter: int = 20,
                        show_progress: bool = False) -> CodebookIds:
     """Residual k-means codes of `embeddings` float[N, dim] (see the module docstring)."""
-    semantic_ids.check_embeddings(embeddings)
+    check_embeddings(embeddings)
     if levels < 1 or num_codes < 2:
         raise ValueError(f"levels must be >= 1 and num_codes >= 2, got {levels} and {num_codes}")
     n = embeddings.shape[0]
@@ -105,9 +105,8 @@ def build_codebook_ids(*, embeddings: np.ndarray, levels: int, num_codes: int, s
     codes = np.empty((n, levels), np.int32)
     norms = [float(np.linalg.norm(residual, axis=1).mean())]
     for level in tqdm.trange(levels, desc="residual k-means", unit="level", disable=not show_progress):
-        labels, _ = semantic_ids.kmeans_labels(residual, members, k=num_codes,
-                                               seed=semantic_ids.node_seed(seed, (level,)), niter=niter, nredo=1,
-                                               sample_above=n, sample_size=n)
+        labels, _ = kmeans_labels(residual, members, k=num_codes, seed=node_seed(seed, (level,)), niter=niter,
+                                  nredo=1, sample_above=n, sample_size=n)
         sums = np.zeros((num_codes, residual.shape[1]), np.float64)
         np.add.at(sums, labels, residual)
         counts = np.bincount(labels, minlength=num_codes)
