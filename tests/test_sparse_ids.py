@@ -1,17 +1,19 @@
-"""Sparse-coded docids (SToICaL's ESCI setting): OMP by hand, against a plain loop, brute force and scikit-learn (when
-installed); the order by |coefficient|; collisions against a brute-force count; the table by hand; the tool's generic
-path, and a run's docid space reading the table back."""
+"""Sparse-coded docids (SToICaL's ESCI setting): scikit-learn's OMP codes as our ids read them, against a plain OMP
+loop, brute force over all supports and `sparse_encode` over the learnt dictionary; the order by |coefficient|;
+collisions against a brute-force count; the table by hand; the tool's generic path, and a run's docid space reading
+the table back."""
 import collections
 import itertools
 import json
 
 import numpy as np
 import pytest
+from sklearn.decomposition import MiniBatchDictionaryLearning, SparseCoder, sparse_encode
 
 from gr_jax.docids import DocidTable, get_scheme
 from gr_jax.docids.scheme import PrebuiltScheme
-from gr_jax.docids.schemes.sparse import (SparseIds, build_sparse_ids, order_by_magnitude, orthogonal_matching_pursuit,
-                                          read_sparse_docid, sparse_docid_table)
+from gr_jax.docids.schemes.sparse import (SparseIds, build_sparse_ids, order_by_magnitude, read_sparse_docid,
+                                          sparse_codes, sparse_docid_table)
 from gr_jax.vocabulary import EOS_ID, PAD_ID, load_vocabulary
 
 from test_semantic_ids import HashedBagOfWords, topic_data_dir  # noqa: F401  (fixture)
@@ -36,6 +38,10 @@ def reference_omp(dictionary, signal, nonzeros):
     return chosen, coefficients
 
 
+def omp_coder(dictionary, nonzeros):
+    return SparseCoder(dictionary=dictionary, transform_algorithm="omp", transform_n_nonzero_coefs=nonzeros)
+
+
 def prototypes(*, n: int, groups: int, dim: int, noise: float, seed: int) -> np.ndarray:
     """float32[n, dim]: n documents near `groups` random directions, so many share their sparse id."""
     rng = np.random.default_rng(seed)
@@ -43,30 +49,34 @@ def prototypes(*, n: int, groups: int, dim: int, noise: float, seed: int) -> np.
     return (centres[rng.integers(0, groups, n)] + noise * rng.standard_normal((n, dim))).astype(np.float32)
 
 
-def test_omp_by_hand_on_an_orthonormal_dictionary():
-    atoms, coefficients = orthogonal_matching_pursuit(dictionary=np.eye(4), signals=np.array([[0.5, -3.0, 0.0, 2.0]]),
-                                                      nonzeros=3)
+def test_codes_by_hand_on_an_orthonormal_dictionary():
+    atoms, coefficients, relative = sparse_codes(coder=omp_coder(np.eye(4), 3),
+                                                 embeddings=np.array([[0.5, -3.0, 0.0, 2.0]]), nonzeros=3)
     assert atoms.tolist() == [[1, 3, 0]] and coefficients.tolist() == [[-3.0, 2.0, 0.5]]
-    # Two atoms explain [1, -1, 0, 0] exactly: the third step finds a zero residual and stops (-1, coefficient 0).
-    atoms, coefficients = orthogonal_matching_pursuit(dictionary=np.eye(4), signals=np.array([[1.0, -1.0, 0.0, 0.0]]),
-                                                      nonzeros=3)
+    assert relative.tolist() == [0.0]
+    # Two atoms explain [1, -1, 0, 0] exactly: OMP stops after them (-1, coefficient 0); the tie goes to atom 0.
+    with np.errstate(all="ignore"), pytest.warns(RuntimeWarning, match="prematurely"):
+        atoms, coefficients, _ = sparse_codes(coder=omp_coder(np.eye(4), 3),
+                                              embeddings=np.array([[1.0, -1.0, 0.0, 0.0]]), nonzeros=3)
     assert atoms.tolist() == [[0, 1, -1]] and coefficients.tolist() == [[1.0, -1.0, 0.0]]
 
 
-def test_omp_matches_a_plain_loop_on_an_overcomplete_dictionary():
+def test_codes_match_a_plain_omp_loop_on_an_overcomplete_dictionary():
     rng = np.random.default_rng(0)
     dictionary = unit_rows(rng.standard_normal((12, 8)))
     signals = rng.standard_normal((60, 8))
-    atoms, coefficients = orthogonal_matching_pursuit(dictionary=dictionary, signals=signals, nonzeros=3)
+    atoms, coefficients, _ = sparse_codes(coder=omp_coder(dictionary, 3), embeddings=signals, nonzeros=3)
     for row in range(60):
         chosen, expected = reference_omp(dictionary, signals[row], 3)
-        assert atoms[row].tolist() == chosen
-        np.testing.assert_allclose(coefficients[row], expected, rtol=1e-10, atol=1e-12)
+        order = sorted(range(3), key=lambda j: (-abs(expected[j]), chosen[j]))
+        assert atoms[row].tolist() == [chosen[j] for j in order]
+        np.testing.assert_allclose(coefficients[row], [expected[j] for j in order], rtol=1e-10, atol=1e-12)
 
 
-def test_omp_recovers_the_best_support_of_brute_force():
+def test_codes_recover_the_best_support_of_brute_force():
     """3-sparse signals over a nearly orthogonal dictionary: of all 220 three-atom supports the one with the least
-    squares residual is the true support, with residual 0, and OMP finds it with its coefficients."""
+    squares residual is the true support, with residual 0, and the scheme's OMP codes find it with its
+    coefficients."""
     rng = np.random.default_rng(1)
     basis = np.linalg.qr(rng.standard_normal((32, 32)))[0][:12]
     dictionary = unit_rows(basis + 0.05 * rng.standard_normal((12, 32)))
@@ -80,59 +90,77 @@ def test_omp_recovers_the_best_support_of_brute_force():
             fits[candidate] = (np.linalg.norm(signal - dictionary[list(candidate)].T @ solution[0]), solution[0])
         best = min(fits, key=lambda c: fits[c][0])
         assert best == tuple(sorted(support)) and fits[best][0] < 1e-9
-        atoms, coefficients = orthogonal_matching_pursuit(dictionary=dictionary, signals=signal[None], nonzeros=3)
+        atoms, coefficients, _ = sparse_codes(coder=omp_coder(dictionary, 3), embeddings=signal[None], nonzeros=3)
         assert sorted(atoms[0].tolist()) == list(best)
         by_atom = dict(zip(atoms[0].tolist(), coefficients[0]))
         np.testing.assert_allclose([by_atom[a] for a in best], fits[best][1], atol=1e-9)
+        assert np.all(np.diff(np.abs(coefficients[0])) <= 0)
 
 
-def test_omp_equals_scikit_learn():
-    decomposition = pytest.importorskip("sklearn.decomposition")
-    rng = np.random.default_rng(2)
-    dictionary = unit_rows(rng.standard_normal((20, 10)))
-    signals = rng.standard_normal((80, 10))
-    codes = decomposition.sparse_encode(signals, dictionary, algorithm="omp", n_nonzero_coefs=3)
-    atoms, coefficients = orthogonal_matching_pursuit(dictionary=dictionary, signals=signals, nonzeros=3)
-    ours = np.zeros_like(codes)
-    ours[np.arange(80)[:, None], atoms] = coefficients
-    np.testing.assert_allclose(ours, codes, atol=1e-10)
-    # The id is the non-zero entries by |coefficient|: the same from scikit-learn's dense codes.
-    ordered, _ = order_by_magnitude(atoms, coefficients)
-    assert ordered.tolist() == [np.argsort(-np.abs(code), kind="stable")[:3].tolist() for code in codes]
-
-
-def test_ids_are_the_omp_atoms_of_the_learnt_dictionary_by_absolute_coefficient():
-    points = np.random.default_rng(3).standard_normal((400, 16)).astype(np.float32)
-    ids = build_sparse_ids(embeddings=points, atoms=24, nonzeros=3, iterations=4, seed=0)
-    assert ids.atoms.shape == (400, 3) and ids.atoms.dtype == np.int32
-    np.testing.assert_allclose(np.linalg.norm(ids.dictionary, axis=1), 1.0)
+def test_ids_are_scikit_learns_omp_codes_of_its_learnt_dictionary_by_absolute_coefficient():
+    points = np.random.default_rng(3).standard_normal((200, 16)).astype(np.float32)
+    ids = build_sparse_ids(embeddings=points, atoms=24, nonzeros=3, iterations=1, seed=0)
+    assert ids.atoms.shape == (200, 3) and ids.atoms.dtype == np.int32
+    # The dictionary is scikit-learn's, learnt with the paper's parameters and ours.
+    learner = MiniBatchDictionaryLearning(n_components=24, transform_algorithm="omp", transform_n_nonzero_coefs=3,
+                                          max_iter=1, random_state=0).fit(points)
+    np.testing.assert_array_equal(ids.dictionary, learner.components_)
+    assert (ids.fit_passes, ids.fit_steps) == (learner.n_iter_, learner.n_steps_)
+    # The ids are the non-zero entries of sparse_encode's OMP codes over it, by |coefficient| (ties: the lower atom).
+    codes = sparse_encode(points, learner.components_, algorithm="omp", n_nonzero_coefs=3)
+    assert (np.count_nonzero(codes, axis=1) == 3).all()
+    for row in range(200):
+        expected = sorted(np.flatnonzero(codes[row]), key=lambda a: (-abs(codes[row, a]), a))
+        assert ids.id_of(row) == tuple(expected)
+        np.testing.assert_allclose(ids.coefficients[row], codes[row, expected], rtol=1e-6)
     magnitudes = np.abs(ids.coefficients)
     assert (magnitudes[:, :-1] >= magnitudes[:, 1:]).all() and (magnitudes > 0).all()
-    for row in range(400):
-        chosen, coefficients = reference_omp(ids.dictionary, points[row].astype(np.float64), 3)
-        order = sorted(range(len(chosen)), key=lambda j: (-abs(coefficients[j]), chosen[j]))
-        assert ids.id_of(row) == tuple(chosen[j] for j in order)
-        np.testing.assert_allclose(ids.coefficients[row], [coefficients[j] for j in order], rtol=1e-9)
-    # Learning fits the dictionary: the codes of the learnt one leave less than those of the documents drawn first.
-    assert len(ids.relative_residuals) == 5 and ids.relative_residuals[-1] < ids.relative_residuals[0]
-    again = build_sparse_ids(embeddings=points.copy(), atoms=24, nonzeros=3, iterations=4, seed=0)
+    # ... and OMP's: a plain loop over the learnt dictionary chooses the same atoms.
+    for row in range(0, 200, 5):
+        chosen, _ = reference_omp(ids.dictionary, points[row].astype(np.float64), 3)
+        assert set(ids.id_of(row)) == set(chosen)
+    # Learning fits the dictionary: on the other documents its codes leave less than those of as many documents
+    # drawn as atoms.
+    drawn = np.random.default_rng(0).choice(200, size=24, replace=False)
+    others = points[np.setdiff1d(np.arange(200), drawn)]
+    _, _, drawn_relative = sparse_codes(coder=omp_coder(unit_rows(points[drawn].astype(np.float64)), 3),
+                                        embeddings=others, nonzeros=3)
+    _, _, learnt_relative = sparse_codes(coder=omp_coder(ids.dictionary, 3), embeddings=others, nonzeros=3)
+    assert 0 < learnt_relative.mean() < drawn_relative.mean()
+    relative = np.linalg.norm(points - codes @ ids.dictionary, axis=1) / np.linalg.norm(points, axis=1)
+    np.testing.assert_allclose(ids.relative_residual, relative.mean(), rtol=1e-5)
+    again = build_sparse_ids(embeddings=points.copy(), atoms=24, nonzeros=3, iterations=1, seed=0)
     np.testing.assert_array_equal(again.atoms, ids.atoms)
     np.testing.assert_array_equal(again.dictionary, ids.dictionary)
-    assert not np.array_equal(build_sparse_ids(embeddings=points, atoms=24, nonzeros=3, iterations=4,
+    assert not np.array_equal(build_sparse_ids(embeddings=points, atoms=24, nonzeros=3, iterations=1,
                                                seed=1).atoms, ids.atoms)
 
 
+def test_alpha_one_on_unit_norm_embeddings_gives_zero_fit_codes():
+    """What the module docstring says of scikit-learn's default alpha: no atom of norm <= 1 correlates with a unit-norm
+    document by more than 1, so every lasso code of the fit is zero over the dictionary (the fit learns from no
+    mini-batch after the first); at alpha 0.1 the fit's codes are not."""
+    points = unit_rows(prototypes(n=200, groups=20, dim=16, noise=0.3, seed=6).astype(np.float64)).astype(np.float32)
+    ids = build_sparse_ids(embeddings=points, atoms=12, nonzeros=3, alpha=1.0, iterations=1, seed=0)
+    assert (np.linalg.norm(ids.dictionary, axis=1) <= 1 + 1e-6).all()
+    assert not sparse_encode(points, ids.dictionary, algorithm="lasso_lars", alpha=1.0).any()
+    learnt = build_sparse_ids(embeddings=points, atoms=12, nonzeros=3, alpha=0.1, iterations=1, seed=0)
+    assert (np.count_nonzero(sparse_encode(points, learnt.dictionary, algorithm="lasso_lars", alpha=0.1),
+                             axis=1) > 0).all()
+
+
 def test_ties_go_to_the_lower_atom_and_zero_coefficients_are_no_entry():
-    atoms = np.array([[4, 1, 2], [0, 3, -1]], np.int32)
-    coefficients = np.array([[0.5, -0.5, 2.0], [0.0, 1.0, 0.0]])
-    ordered, magnitudes = order_by_magnitude(atoms, coefficients)
+    codes = np.array([[0.0, -0.5, 2.0, 0.0, 0.5], [0.0, 0.0, 0.0, 1.0, 0.0]])
+    ordered, magnitudes = order_by_magnitude(codes, nonzeros=3)
     assert ordered.tolist() == [[2, 1, 4], [3, -1, -1]]
     assert magnitudes.tolist() == [[2.0, -0.5, 0.5], [1.0, 0.0, 0.0]]
+    with pytest.raises(ValueError, match="code of row 1 has 3 non-zeros, more than 2"):
+        order_by_magnitude(np.array([[1.0, 0, 0], [1.0, 2.0, 3.0]]), nonzeros=2)
 
 
 def test_collisions_are_counted_as_brute_force_and_every_docid_is_unique():
     points = prototypes(n=300, groups=5, dim=16, noise=0.01, seed=4)
-    ids = build_sparse_ids(embeddings=points, atoms=8, nonzeros=2, iterations=3, seed=0)
+    ids = build_sparse_ids(embeddings=points, atoms=8, nonzeros=2, iterations=1, seed=0)
     groups = collections.defaultdict(list)
     for row in range(300):
         groups[ids.id_of(row)].append(row)
@@ -158,8 +186,7 @@ def test_collisions_are_counted_as_brute_force_and_every_docid_is_unique():
 def test_table_by_hand():
     ids = SparseIds(atoms=np.array([[3, 1, 4], [2, 0, 1], [2, 0, 1], [3, 1, -1]], np.int32),
                     coefficients=np.array([[3.0, 2.0, 1.0], [3.0, 2.0, 1.0], [-3.0, 2.0, 1.0], [2.0, 1.0, 0.0]]),
-                    collision=np.array([-1, 0, 1, -1], np.int32), num_atoms=5, dictionary=np.eye(5),
-                    relative_residuals=(0.0,))
+                    collision=np.array([-1, 0, 1, -1], np.int32), num_atoms=5, dictionary=np.eye(5))
     extended = sparse_docid_table(docids=["a", "b", "c", "d"], ids=ids, vocab_size=100)
     assert extended.table.tokens.tolist() == [
         [103, 101, 104, EOS_ID, PAD_ID],
@@ -171,7 +198,7 @@ def test_table_by_hand():
     assert read_sparse_docid([102, 100, 101, 106, EOS_ID, PAD_ID], vocab_size=100, num_atoms=5) == ((2, 0, 1), 1)
     assert read_sparse_docid([103, 101, EOS_ID], vocab_size=100, num_atoms=5) == ((3, 1), None)
     unique = SparseIds(atoms=ids.atoms[:2], coefficients=ids.coefficients[:2], collision=np.array([-1, -1], np.int32),
-                       num_atoms=5, dictionary=np.eye(5), relative_residuals=(0.0,))
+                       num_atoms=5, dictionary=np.eye(5))
     assert sparse_docid_table(docids=["a", "b"], ids=unique, vocab_size=100).table.max_length == 4
     with pytest.raises(ValueError, match="2 docids for 4"):
         sparse_docid_table(docids=["a", "b"], ids=ids, vocab_size=100)
@@ -196,22 +223,22 @@ def test_the_tool_writes_the_table_and_a_runs_docid_space_reads_it(topic_data_di
 
     assert isinstance(get_scheme("sparse"), PrebuiltScheme)
     options = tool.scheme_options()
-    assert options["atoms"].schemes == options["nonzeros"].schemes == {"sparse"}
+    assert options["atoms"].schemes == options["nonzeros"].schemes == options["alpha"].schemes == {"sparse"}
     assert "sparse" in options["seed"].schemes
     args, given = tool._parse_args(["--data_dir", str(topic_data_dir), "--scheme", "sparse", "--atoms", "8",
-                                    "--nonzeros", "2"])
-    assert args.scheme == "sparse" and given == {"atoms": 8, "nonzeros": 2}
+                                    "--nonzeros", "2", "--alpha", "0.5"])
+    assert args.scheme == "sparse" and given == {"atoms": 8, "nonzeros": 2, "alpha": 0.5}
 
-    report = tool.build(data_dir=topic_data_dir, scheme="sparse", options=dict(atoms=8, nonzeros=2, iterations=5),
+    report = tool.build(data_dir=topic_data_dir, scheme="sparse", options=dict(atoms=8, nonzeros=2, iterations=2),
                         embeddings_path=None, batch_size=32, encoder=HashedBagOfWords())
     assert json.loads(json.dumps(report)) == report
-    assert (report["atoms"], report["nonzeros"], report["iterations"], report["seed"]) == (8, 2, 5, 0)
+    assert (report["atoms"], report["nonzeros"], report["iterations"], report["seed"]) == (8, 2, 2, 0)
     table = DocidTable.load(topic_data_dir / "docids.sparse.tsv")
     assert table.docids == tuple(str(1000 + i) for i in range(120)) and report["num_docids"] == 120
     vocabulary = load_vocabulary(topic_data_dir)
     # The table is that of the scheme's ids of the same embeddings.
     texts = [line.split("\t")[1] for line in (topic_data_dir / "collection.tsv").read_text().splitlines()]
-    ids = build_sparse_ids(embeddings=HashedBagOfWords()(texts), atoms=8, nonzeros=2, iterations=5, seed=0)
+    ids = build_sparse_ids(embeddings=HashedBagOfWords()(texts), atoms=8, nonzeros=2, iterations=2, seed=0)
     np.testing.assert_array_equal(table.tokens, sparse_docid_table(docids=table.docids, ids=ids,
                                                                    vocab_size=vocabulary.vocab_size).table.tokens)
     # Collisions in the report, counted from the written table: documents whose atoms another document has.

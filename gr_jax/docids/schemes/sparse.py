@@ -1,18 +1,25 @@
-"""Sparse-coded docids (SToICaL's ESCI setting, `rozonoyer_stoical_autoregressive_ranking.txt` §5.1): each document's
-embedding is coded over a learned dictionary of `atoms` atoms with `nonzeros` non-zero coefficients by orthogonal
-matching pursuit (OMP); its id is the chosen atoms sorted by |coefficient|, largest first ("25,36,39").
+"""Sparse-coded docids (SToICaL's ESCI setting, `rozonoyer_stoical_autoregressive_ranking.txt` §5.1 and footnote 9):
+each document's embedding is coded over a learned dictionary of `atoms` atoms with `nonzeros` non-zero coefficients
+by scikit-learn's orthogonal matching pursuit (OMP); its id is the chosen atoms sorted by |coefficient|, largest first
+("25,36,39"), ties to the lower atom.
 
-    python -m gr_jax.tools.semantic_ids --data_dir DIR --scheme sparse [--atoms 100 --nonzeros 3 --iterations 20
-                                        --seed 0]
+    python -m gr_jax.tools.semantic_ids --data_dir DIR --scheme sparse [--atoms 100 --nonzeros 3 --alpha 1.0
+                                        --iterations 1000 --seed 0]
 
-The paper codes with scikit-learn's OMP (`n_components=100`, `transform_n_nonzero_coefs=3`). Here OMP is
-`orthogonal_matching_pursuit`, the algorithm of scikit-learn's `orthogonal_mp_gram` (the atom most correlated with
-the residual, the first on ties; all coefficients refit by least squares; a document stops early when the best atom
-is one it has or the correlation underflows), vectorised over documents; scikit-learn is no dependency.
-The dictionary is learnt by alternating those OMP codes with the least-squares dictionary for them (the method of
-optimal directions), atoms kept at unit norm, an atom no document uses re-seeded with the worst-coded document;
-it starts from `atoms` distinct documents drawn with `seed`. (scikit-learn's `DictionaryLearning` fits with lasso
-codes and codes with OMP only at transform: learning with the codes that make the ids fits the dictionary to them.)
+The dictionary and the codes are scikit-learn's, as the paper's ("the omp algorithm available in scikit-learn, with
+`n_components=100` and `transform_n_nonzero_coefs=3`"): `MiniBatchDictionaryLearning(n_components=atoms,
+transform_algorithm='omp', transform_n_nonzero_coefs=nonzeros, alpha=alpha, max_iter=iterations,
+random_state=seed)`, every other parameter scikit-learn's default; the codes are its `transform`, a chunk of
+documents at a time. Why the mini-batch class rather than `DictionaryLearning` (same parameters, same OMP
+transform): the full one codes every document by LARS at every iteration and holds all codes (N x atoms) and an SVD
+of the whole matrix, which does not fit a collection of 8.8M passages; the mini-batch one fits on batches of 256 and
+stops when its cost stops improving (scikit-learn's `max_no_improvement`), so its fit does not grow with N beyond
+one randomized SVD for the first atoms. `iterations` is its `max_iter` (passes over the documents at most; the
+default is scikit-learn's). `alpha` is the fit's lasso penalty (scikit-learn's default, 1, the paper's as far as it
+says): a lasso code is zero when no atom correlates with the document by more than alpha, so on unit-norm embeddings
+(MiniLM's) at alpha 1, once the atoms are projected to norm <= 1 after the first mini-batch, every fit code is zero
+and the dictionary learns from no later mini-batch (it keeps what the first gave and documents scikit-learn draws for
+unused atoms). A lower alpha (0.1) keeps every mini-batch in the fit.
 
 Tokens: atom a is the new token `vocab_size + a` at every position, appended after the vocabulary. Why not the
 vocabulary's digit pieces (as the semantic scheme): an atom is one direction of the dictionary whatever its rank, as
@@ -30,9 +37,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 import tqdm
+from sklearn.decomposition import MiniBatchDictionaryLearning
 
 from gr_jax.docids.codebook_ids import collision_indices
 from gr_jax.docids.kmeans import check_embeddings
@@ -42,19 +51,20 @@ from gr_jax.docids.table import (DocidTable, ExtendedDocidTable, appended_tokens
                                  check_appended_vocab_size)
 from gr_jax.vocabulary import EOS_ID, PAD_ID
 
-# Documents coded at a time: bounds the float64 copies of a chunk (~50 MB for 384 dimensions).
+# Documents coded at a time: bounds the dense codes and scikit-learn's Gram products of a chunk.
 _CHUNK = 16_384
 _NO_ATOM = -1
 
 
 @dataclasses.dataclass(frozen=True)
 class SparseSettings:
-    """The dictionary and the OMP codes of the sparse scheme (`build_sparse_ids`)."""
+    """scikit-learn's dictionary learning and OMP codes of the sparse scheme (`build_sparse_ids`)."""
 
-    atoms: int = option(100, "dictionary atoms (SToICaL's ESCI: 100)")
-    nonzeros: int = option(3, "atoms per document, chosen by OMP (SToICaL's ESCI: 3)")
-    iterations: int = option(20, "dictionary learning iterations (OMP codes, then the least-squares dictionary)")
-    seed: int = option(0, "seed of the dictionary's first atoms")
+    atoms: int = option(100, "dictionary atoms, scikit-learn's n_components (SToICaL's ESCI: 100)")
+    nonzeros: int = option(3, "atoms per document, scikit-learn's transform_n_nonzero_coefs (SToICaL's ESCI: 3)")
+    alpha: float = option(1.0, "the dictionary fit's lasso penalty, scikit-learn's alpha (its default)")
+    iterations: int = option(1000, "passes over the documents at most, scikit-learn's max_iter (its default)")
+    seed: int = option(0, "scikit-learn's random_state (first atoms, mini-batches, re-drawn atoms)")
 
 
 @register_scheme
@@ -65,7 +75,8 @@ class SparseScheme(PrebuiltScheme[SparseSettings]):
 
     def from_embeddings(self, *, docids, embeddings, vocabulary, settings, show_progress=False) -> PrebuiltTable:
         ids = build_sparse_ids(embeddings=embeddings, atoms=settings.atoms, nonzeros=settings.nonzeros,
-                               iterations=settings.iterations, seed=settings.seed, show_progress=show_progress)
+                               alpha=settings.alpha, iterations=settings.iterations, seed=settings.seed,
+                               show_progress=show_progress)
         return PrebuiltTable(extended=sparse_docid_table(docids=docids, ids=ids, vocab_size=vocabulary.vocab_size),
                              diagnostics=ids.stats.to_json())
 
@@ -78,8 +89,8 @@ class SparseIdStats:
     """Diagnostics of sparse ids: how many distinct ids, how many documents share theirs with another (and got a
     collision position), how many atom sets occur in several orders, and how well the codes fit.
 
-    relative_residual_by_iteration: the mean ||x - code @ D|| / ||x|| of the codes of each dictionary, the first
-      one drawn from the documents, the last one the ids'.
+    relative_residual: the mean ||x - code @ D|| / ||x|| of the ids' codes; fit_passes, fit_steps: scikit-learn's
+      `n_iter_` and `n_steps_` (passes over the documents and mini-batches before it stopped).
     """
 
     documents: int
@@ -92,11 +103,13 @@ class SparseIdStats:
     distinct_atom_sets: int
     short_codes: int
     atoms_used: int
-    relative_residual_by_iteration: tuple[float, ...]
+    relative_residual: float
+    fit_passes: int
+    fit_steps: int
 
     def to_json(self) -> dict:
         out = dataclasses.asdict(self)
-        out["relative_residual_by_iteration"] = [round(v, 6) for v in self.relative_residual_by_iteration]
+        out["relative_residual"] = round(self.relative_residual, 6)
         return out
 
 
@@ -107,7 +120,8 @@ class SparseIds:
     atoms: int32[N, nonzeros], its atoms by |coefficient|, largest first (ties: the lower atom), -1 after the last
       when OMP stopped early; coefficients: float64[N, nonzeros] in the same order, 0 after the last;
     collision: int32[N], its index among the documents with the same atoms (in row order) when there are several,
-      else -1; num_atoms: the dictionary's size; dictionary: float64[num_atoms, dim], unit-norm rows.
+      else -1; num_atoms: the dictionary's size; dictionary: float64[num_atoms, dim], scikit-learn's `components_`;
+    relative_residual, fit_passes, fit_steps: as in `SparseIdStats`.
     """
 
     atoms: np.ndarray
@@ -115,7 +129,9 @@ class SparseIds:
     collision: np.ndarray
     num_atoms: int
     dictionary: np.ndarray
-    relative_residuals: tuple[float, ...]
+    relative_residual: float = 0.0
+    fit_passes: int = 0
+    fit_steps: int = 0
 
     def __len__(self) -> int:
         return self.atoms.shape[0]
@@ -142,124 +158,91 @@ class SparseIds:
             distinct_atom_sets=int(np.unique(atom_sets, axis=0).shape[0]) if len(self) else 0,
             short_codes=int((lengths < self.atoms.shape[1]).sum()),
             atoms_used=int(np.unique(self.atoms[self.atoms != _NO_ATOM]).size),
-            relative_residual_by_iteration=self.relative_residuals)
+            relative_residual=self.relative_residual, fit_passes=self.fit_passes, fit_steps=self.fit_steps)
 
 
-def orthogonal_matching_pursuit(*, dictionary: np.ndarray, signals: np.ndarray,
-                                nonzeros: int) -> tuple[np.ndarray, np.ndarray]:
-    """(atoms int32[n, nonzeros] in the order OMP chose them, -1 after an early stop; their coefficients
-    float64[n, nonzeros], 0 there): OMP codes of `signals` float[n, dim] over `dictionary` float[atoms, dim].
+class OmpCoder(Protocol):
+    """What codes documents: a fitted scikit-learn `MiniBatchDictionaryLearning` or `SparseCoder` with OMP."""
 
-    Each step gives every signal the atom whose correlation with its residual is largest in absolute value (the
-    first on ties), then refits all its coefficients by least squares (its residual is then orthogonal to its
-    atoms). A signal stops early, as in scikit-learn's `orthogonal_mp_gram`, when that atom is one it has or the
-    squared correlation underflows (its residual is zero to rounding).
-    """
-    dictionary = np.asarray(dictionary, np.float64)
-    signals = np.asarray(signals, np.float64)
-    n = signals.shape[0]
-    atoms = np.full((n, nonzeros), _NO_ATOM, np.int32)
-    coefficients = np.zeros((n, nonzeros), np.float64)
-    residual = signals.copy()
-    active = np.ones(n, bool)
-    for step in range(nonzeros):
-        correlation = np.abs(residual @ dictionary.T)
-        best = np.argmax(correlation, axis=1)
-        peak = correlation[np.arange(n), best]
-        active &= ~(atoms[:, :step] == best[:, None]).any(axis=1) & (peak ** 2 >= np.finfo(np.float64).tiny)
-        rows = np.flatnonzero(active)
-        if not rows.size:
-            break
-        atoms[rows, step] = best[rows]
-        chosen = dictionary[atoms[rows, :step + 1]]  # [r, step + 1, dim]
-        gram = chosen @ chosen.transpose(0, 2, 1)
-        target = (chosen @ signals[rows, :, None])[..., 0]
-        try:
-            solved = np.linalg.solve(gram, target[..., None])[..., 0]
-        except np.linalg.LinAlgError:  # an atom in the span of the others (a duplicated atom): least norm
-            solved = (np.linalg.pinv(gram) @ target[..., None])[..., 0]
-        coefficients[rows, :step + 1] = solved
-        residual[rows] = signals[rows] - np.einsum("rk,rkd->rd", solved, chosen)
-    return atoms, coefficients
+    def transform(self, X: np.ndarray) -> np.ndarray: ...
+
+    def inverse_transform(self, X: np.ndarray) -> np.ndarray: ...
 
 
-def order_by_magnitude(atoms: np.ndarray, coefficients: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each row's atoms and coefficients sorted by |coefficient|, largest first (ties: the lower atom); an atom
-    whose coefficient is exactly 0 is no non-zero entry of the code and is dropped (-1, after the others)."""
-    kept = (atoms != _NO_ATOM) & (coefficients != 0)
-    order = np.lexsort((atoms, -np.abs(coefficients), ~kept), axis=1)
-    rows = np.arange(atoms.shape[0])[:, None]
-    kept = kept[rows, order]
-    return (np.where(kept, atoms[rows, order], _NO_ATOM).astype(np.int32),
-            np.where(kept, coefficients[rows, order], 0.0))
+def order_by_magnitude(codes: np.ndarray, *, nonzeros: int) -> tuple[np.ndarray, np.ndarray]:
+    """(atoms int32[n, nonzeros], coefficients float64[n, nonzeros]) of dense codes float[n, num_atoms]: each row's
+    non-zero entries sorted by |coefficient|, largest first (ties: the lower atom), -1 and 0 after the last."""
+    codes = np.asarray(codes, np.float64)
+    counts = np.count_nonzero(codes, axis=1)
+    if (counts > nonzeros).any():
+        raise ValueError(f"code of row {int(np.argmax(counts > nonzeros))} has {int(counts.max())} non-zeros, "
+                         f"more than {nonzeros}")
+    order = np.argsort(-np.abs(codes), axis=1, kind="stable")[:, :nonzeros]
+    coefficients = np.take_along_axis(codes, order, axis=1)
+    kept = coefficients != 0
+    return np.where(kept, order, _NO_ATOM).astype(np.int32), np.where(kept, coefficients, 0.0)
 
 
-def _unit_rows(vectors: np.ndarray) -> np.ndarray:
-    return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
-
-
-def _code_all(embeddings: np.ndarray, dictionary: np.ndarray, nonzeros: int):
-    """OMP over every document, `_CHUNK` at a time: (atoms, coefficients, relative residual float64[N], codes' Gram
-    C^T C float64[A, A], C^T X float64[A, dim]) with C the documents' dense codes."""
-    n, num_atoms = embeddings.shape[0], dictionary.shape[0]
+def sparse_codes(*, coder: OmpCoder, embeddings: np.ndarray,
+                 nonzeros: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`coder.transform` (scikit-learn's OMP) over every document, `_CHUNK` at a time: (atoms int32[N, nonzeros],
+    coefficients float64[N, nonzeros] as `order_by_magnitude`, relative residual ||x - code @ D|| / ||x||
+    float64[N])."""
+    n = embeddings.shape[0]
     atoms = np.empty((n, nonzeros), np.int32)
     coefficients = np.empty((n, nonzeros), np.float64)
     relative = np.empty(n, np.float64)
-    code_gram = np.zeros((num_atoms, num_atoms), np.float64)
-    code_signal = np.zeros((num_atoms, dictionary.shape[1]), np.float64)
     for start in range(0, n, _CHUNK):
-        signals = np.asarray(embeddings[start:start + _CHUNK], np.float64)
-        chunk_atoms, chunk_coefficients = orthogonal_matching_pursuit(dictionary=dictionary, signals=signals,
-                                                                      nonzeros=nonzeros)
-        dense = np.zeros((signals.shape[0], num_atoms), np.float64)
-        chosen = chunk_atoms != _NO_ATOM
-        dense[np.nonzero(chosen)[0], chunk_atoms[chosen]] = chunk_coefficients[chosen]
-        code_gram += dense.T @ dense
-        code_signal += dense.T @ signals
-        relative[start:start + _CHUNK] = (np.linalg.norm(signals - dense @ dictionary, axis=1)
+        signals = np.asarray(embeddings[start:start + _CHUNK])
+        codes = coder.transform(signals)
+        atoms[start:start + _CHUNK], coefficients[start:start + _CHUNK] = order_by_magnitude(codes,
+                                                                                           nonzeros=nonzeros)
+        signals = signals.astype(np.float64)
+        relative[start:start + _CHUNK] = (np.linalg.norm(signals - coder.inverse_transform(codes), axis=1)
                                           / np.linalg.norm(signals, axis=1))
-        atoms[start:start + _CHUNK], coefficients[start:start + _CHUNK] = chunk_atoms, chunk_coefficients
-    return atoms, coefficients, relative, code_gram, code_signal
+    return atoms, coefficients, relative
 
 
-def build_sparse_ids(*, embeddings: np.ndarray, atoms: int = 100, nonzeros: int = 3, iterations: int = 20,
-                     seed: int = 0, show_progress: bool = False) -> SparseIds:
+def learn_dictionary(*, embeddings: np.ndarray, atoms: int, nonzeros: int, alpha: float, iterations: int,
+                     seed: int) -> MiniBatchDictionaryLearning:
+    """scikit-learn's dictionary of `atoms` atoms for the rows of `embeddings` float[N, dim], fitted, its transform
+    OMP with `nonzeros` non-zeros (see the module docstring)."""
+    learner = MiniBatchDictionaryLearning(n_components=atoms, alpha=alpha, max_iter=iterations,
+                                          transform_algorithm="omp", transform_n_nonzero_coefs=nonzeros,
+                                          random_state=seed)
+    return learner.fit(np.asarray(embeddings))
+
+
+def build_sparse_ids(*, embeddings: np.ndarray, atoms: int = 100, nonzeros: int = 3, alpha: float = 1.0,
+                     iterations: int = 1000, seed: int = 0, show_progress: bool = False) -> SparseIds:
     """Sparse ids of the rows of `embeddings` float[N, dim] (an array or a read-only memmap; see the module
     docstring). Deterministic for a given `seed`."""
     check_embeddings(embeddings)
     n = embeddings.shape[0]
     if not 1 <= nonzeros <= atoms:
         raise ValueError(f"need 1 <= nonzeros <= atoms, got nonzeros={nonzeros}, atoms={atoms}")
-    if iterations < 0:
-        raise ValueError(f"iterations must be >= 0, got {iterations}")
+    if iterations < 1:
+        raise ValueError(f"iterations (scikit-learn's max_iter) must be >= 1, got {iterations}")
+    if not alpha > 0:
+        raise ValueError(f"alpha must be > 0, got {alpha}")
     if n < atoms:
         raise ValueError(f"{n} documents cannot start a dictionary of {atoms} atoms: lower atoms")
-    norms = np.concatenate([np.linalg.norm(np.asarray(embeddings[s:s + _CHUNK], np.float64), axis=1)
-                            for s in range(0, n, _CHUNK)])
-    if (norms == 0).any():
-        raise ValueError(f"embedding row {int(np.argmax(norms == 0))} is zero: it has no sparse code")
-    rng = np.random.default_rng(seed)
-    dictionary = _unit_rows(np.asarray(embeddings[np.sort(rng.choice(n, size=atoms, replace=False))], np.float64))
-    residuals = []
-    for _ in tqdm.trange(iterations, desc="dictionary learning", unit="iteration", disable=not show_progress):
-        _, _, relative, code_gram, code_signal = _code_all(embeddings, dictionary, nonzeros)
-        residuals.append(float(relative.mean()))
-        used = np.diag(code_gram) > 0
-        updated = dictionary.copy()
-        updated[used] = np.linalg.lstsq(code_gram[np.ix_(used, used)], code_signal[used], rcond=None)[0]
-        atom_norms = np.linalg.norm(updated, axis=1)
-        reseed = ~used | (atom_norms <= 1e-12 * max(float(atom_norms.max()), 1.0))
-        worst = np.argsort(-relative, kind="stable")[:int(reseed.sum())]
-        updated[reseed] = np.asarray(embeddings[np.sort(worst)], np.float64)
-        dictionary = _unit_rows(updated)
-    chosen, coefficients, relative, _, _ = _code_all(embeddings, dictionary, nonzeros)
-    residuals.append(float(relative.mean()))
-    chosen, coefficients = order_by_magnitude(chosen, coefficients)
+    for start in range(0, n, _CHUNK):
+        zero = np.flatnonzero(~np.asarray(embeddings[start:start + _CHUNK]).any(axis=1))
+        if zero.size:
+            raise ValueError(f"embedding row {start + int(zero[0])} is zero: it has no sparse code")
+    with tqdm.tqdm(total=2, desc="dictionary learning, OMP codes", disable=not show_progress) as progress:
+        learner = learn_dictionary(embeddings=embeddings, atoms=atoms, nonzeros=nonzeros, alpha=alpha,
+                                   iterations=iterations, seed=seed)
+        progress.update()
+        chosen, coefficients, relative = sparse_codes(coder=learner, embeddings=embeddings, nonzeros=nonzeros)
+        progress.update()
     empty = np.flatnonzero((chosen == _NO_ATOM).all(axis=1))
     if empty.size:
         raise ValueError(f"embedding row {int(empty[0])} has no atom: it is orthogonal to every atom of the dictionary")
     return SparseIds(atoms=chosen, coefficients=coefficients, collision=collision_indices(chosen), num_atoms=atoms,
-                     dictionary=dictionary, relative_residuals=tuple(residuals))
+                     dictionary=np.asarray(learner.components_, np.float64), relative_residual=float(relative.mean()),
+                     fit_passes=int(learner.n_iter_), fit_steps=int(learner.n_steps_))
 
 
 def sparse_docid_table(*, docids: Sequence[str], ids: SparseIds, vocab_size: int) -> ExtendedDocidTable:
