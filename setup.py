@@ -33,6 +33,7 @@ TEST_REQUIRES = [
     "ir-measures==0.4.3",
     "pytrec-eval-terrier==0.5.11",
     "ruff==0.17.6",  # `make test` lints first (ruff.toml)
+    "mypy==2.4.1",  # type checks gr_jax/ (mypy.ini)
 ]
 
 setuptools.setup(

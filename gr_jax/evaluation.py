@@ -21,7 +21,7 @@ import operator
 import os
 import tempfile
 from collections.abc import Container, Mapping, Sequence
-from typing import Union
+from typing import Union, cast
 
 import numpy as np
 
@@ -58,10 +58,12 @@ def ranked_docids(ranking: Ranking) -> list[str]:
     """
     if len(ranking) == 0:
         return []
-    if isinstance(ranking[0], str):
-        docids = ranking
+    docids: Sequence[str]
+    if isinstance(ranking[0], str):  # the first entry's kind is the whole ranking's
+        docids = cast(Sequence[str], ranking)
     else:  # Python's sort is stable, also with reverse=True: equal scores keep list order.
-        docids = [docid for docid, _ in sorted(ranking, key=operator.itemgetter(1), reverse=True)]
+        scored = cast(Sequence[tuple[str, float]], ranking)
+        docids = [docid for docid, _ in sorted(scored, key=operator.itemgetter(1), reverse=True)]
     return list(dict.fromkeys(docids))
 
 

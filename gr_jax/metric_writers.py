@@ -65,9 +65,10 @@ class MetricWriter:
         self.log_to_console = log_to_console
         self._writer = EventFileWriter(self.logdir) if self.write_to_disk else None
 
-    def _write(self, step: int, values: list[summary_pb2.Summary.Value]) -> None:
+    @staticmethod
+    def _write(writer: EventFileWriter, step: int, values: list[summary_pb2.Summary.Value]) -> None:
         summary = summary_pb2.Summary(value=values)
-        self._writer.add_event(event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary))
+        writer.add_event(event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary))
 
     def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
         """`scalars`: name -> number (Python, numpy or a one-element jax array), e.g. 'train/loss'."""
@@ -75,8 +76,9 @@ class MetricWriter:
         if self.log_to_console:
             logger.info("[%d] %s", step, ", ".join(f"{k}={_format(v)}" for k, v in values.items()))
         if self._writer is not None:
-            self._write(step, [summary_pb2.Summary.Value(tag=name, tensor=_scalar_tensor(value), metadata=_SCALARS)
-                               for name, value in values.items()])
+            self._write(self._writer, step, [
+                summary_pb2.Summary.Value(tag=name, tensor=_scalar_tensor(value), metadata=_SCALARS)
+                for name, value in values.items()])
 
     def write_texts(self, step: int, texts: Mapping[str, str]) -> None:
         """`texts`: name -> markdown string (e.g. the operative gin config)."""
@@ -87,8 +89,9 @@ class MetricWriter:
             for name, text in texts.items():
                 logger.info("[%d] %s:\n%s", step, name, text, extra=logs.FILE_ONLY)
         if self._writer is not None:
-            self._write(step, [summary_pb2.Summary.Value(tag=name, tensor=_text_tensor(text), metadata=_TEXT)
-                               for name, text in texts.items()])
+            self._write(self._writer, step, [
+                summary_pb2.Summary.Value(tag=name, tensor=_text_tensor(text), metadata=_TEXT)
+                for name, text in texts.items()])
 
     def write_hparams(self, hparams: Mapping[str, Any]) -> None:
         """Hyper-parameters as a markdown table in the text summary 'hparams' at step 0."""

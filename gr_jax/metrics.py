@@ -23,7 +23,9 @@ class Sum:
     """A total over every part (e.g. the examples seen)."""
     total: Scalar
 
-    def merge(self, other: "Sum") -> "Sum":
+    def merge(self, other: AnyMetric) -> Sum:
+        if not isinstance(other, Sum):
+            raise TypeError(f"cannot merge a metrics.Sum with a {type(other).__name__}")
         return Sum(total=self.total + other.total)
 
     def compute(self) -> float:
@@ -37,7 +39,9 @@ class Average:
     total: Scalar
     count: Scalar
 
-    def merge(self, other: "Average") -> "Average":
+    def merge(self, other: AnyMetric) -> Average:
+        if not isinstance(other, Average):
+            raise TypeError(f"cannot merge a metrics.Average with a {type(other).__name__}")
         return Average(total=self.total + other.total, count=self.count + other.count)
 
     def compute(self) -> float:
@@ -49,7 +53,9 @@ class LastValue:
     """The last part's value (the learning rate, the gradient norm of the last step)."""
     value: Scalar
 
-    def merge(self, other: "LastValue") -> "LastValue":
+    def merge(self, other: AnyMetric) -> LastValue:
+        if not isinstance(other, LastValue):
+            raise TypeError(f"cannot merge a metrics.LastValue with a {type(other).__name__}")
         return other
 
     def compute(self) -> float:

@@ -103,7 +103,8 @@ class MatrixView:
     def from_view(self, x, *, like_shape: tuple[int, ...]):
         if self.shape is None:
             return x
-        return jnp.transpose(x.reshape([like_shape[i] for i in self.permutation]), np.argsort(self.permutation))
+        inverse = tuple(np.argsort(self.permutation).tolist())
+        return jnp.transpose(x.reshape([like_shape[i] for i in self.permutation]), inverse)
 
 
 def matrix_view(*, path: str, names: tuple, shape: tuple[int, ...], rules: Mapping[str, str]) -> MatrixView:
@@ -206,7 +207,7 @@ def per_layer(inner: optax.GradientTransformation, *, rules: Mapping[str, str]) 
     def split_of(path, leaf) -> LayerSplit:
         if not isinstance(leaf, nn.LogicallyPartitioned):
             return LayerSplit()
-        batch = [i for i, name in enumerate(leaf.names) if rules.get(name) == "batch"]
+        batch = [i for i, name in enumerate(leaf.names) if name is not None and rules.get(name) == "batch"]
         if len(batch) > 1:
             raise ValueError(f"{jax.tree_util.keystr(path)}: more than one batch axis in {tuple(leaf.names)}")
         return LayerSplit(axis=batch[0], size=int(np.shape(leaf.value)[batch[0]])) if batch else LayerSplit()
@@ -234,7 +235,8 @@ def per_layer(inner: optax.GradientTransformation, *, rules: Mapping[str, str]) 
         treedef = jax.tree_util.tree_structure(updates)
         split_params = None if params is None else split(params, state.splits)
         new, inner_state = inner.update(split(updates, state.splits), state.inner, split_params)
-        parts = treedef.flatten_up_to(new)
+        # jaxlib ships no stub of its PyTreeDef, whose methods mypy then cannot see: hence the ignore.
+        parts = treedef.flatten_up_to(new)  # type: ignore[attr-defined]
         merged = [part if how.axis is None else jnp.stack(part, axis=how.axis)
                   for part, how in zip(parts, state.splits)]
         return jax.tree_util.tree_unflatten(treedef, merged), PerLayerState(inner=inner_state, splits=state.splits)

@@ -223,10 +223,11 @@ def _box_spec(path: str, box: meta.Partitioned, *, rules: LogicalAxisRules, mesh
                 f"{path}: logical axis name(s) {unknown} (of {names}) have no entry in the rules table "
                 f"{[name for name, _ in rules]}"
             )
-        spec = nn.logical_to_mesh_axes(names, rules)
+        mapped = nn.logical_to_mesh_axes(names, rules)  # None only for names None
+        spec = PartitionSpec() if mapped is None else mapped
     else:  # nn.Partitioned: names already are mesh axes.
         spec = PartitionSpec(*names)
-    resolved = []
+    resolved: list[str | tuple[str, ...] | None] = []  # the mesh axes of each dimension
     for dim, (size, axes) in enumerate(zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec)))):
         if axes is None or size == 1:
             # A size-1 dimension cannot be split (Adafactor keeps (1,) placeholders for the rows and

@@ -72,17 +72,17 @@ def params_from_run(*, model_dir: str | os.PathLike, fresh_params: Any, sharding
     """
     directory = RunDir.of(model_dir).checkpoints
     checkpointer = Checkpointer(directory, asynchronous=False)
-    our_shardings = None  # set when the source's layer layout differs from ours
+    conversion: tuple[T5Config, Any] | None = None  # (our network, our shardings) when the source's layout differs
     try:
         step = checkpointer.latest_step()
         if step is None:
             raise FileNotFoundError(f"no checkpoint in {directory} to start from")
         saved = checkpointer.saved_params(step)
         source_scanned = None if config is None else layer_layout.is_scanned(saved, config=config)
-        if source_scanned is not None and source_scanned != config.scan_layers:
+        if config is not None and source_scanned is not None and source_scanned != config.scan_layers:
             # Matched and restored in the source's layout, converted to ours at the end.
             source = dataclasses.replace(config, scan_layers=source_scanned)
-            our_shardings = shardings
+            conversion = (config, shardings)
             fresh_params = layer_layout.convert_layers(fresh_params, config=source)
             shardings = layer_layout.convert_layers(shardings, config=source)
         leaves, treedef = jax.tree_util.tree_flatten_with_path(fresh_params)
@@ -137,31 +137,42 @@ def params_from_run(*, model_dir: str | os.PathLike, fresh_params: Any, sharding
     logger.info("started from %s step %d: %d parameters copied, %d with their vocabulary rows mixed, %d fresh",
                 directory, step, counts["copied"], counts["mixed"], counts["fresh"])
     params = jax.tree_util.tree_unflatten(treedef, out)
-    if our_shardings is None:
+    if conversion is None:
         return params
-    logger.info("converted the layer stacks of %s to scan_layers=%s", directory, config.scan_layers)
-    return jax.jit(functools.partial(layer_layout.convert_layers, config=config), out_shardings=our_shardings)(params)
+    ours, our_shardings = conversion
+    logger.info("converted the layer stacks of %s to scan_layers=%s", directory, ours.scan_layers)
+    return jax.jit(functools.partial(layer_layout.convert_layers, config=ours), out_shardings=our_shardings)(params)
 
 
-def initialize_from_run(*, state: "TrainState", trainer: "Trainer", model_dir: str | os.PathLike) -> "TrainState":
+def _network_config(trainer: Trainer) -> T5Config:
+    """The T5 network of the trainer's model: warm starts fill an encoder-decoder's parameters (`EncoderDecoderModel`,
+    whose `config` it is); another family's model has none to fill."""
+    config = getattr(trainer.model, "config", None)
+    if not isinstance(config, T5Config):
+        raise TypeError(f"a warm start (init_checkpoint) fills a T5 network's parameters; the trainer's model is a "
+                        f"{type(trainer.model).__name__}, whose config is {type(config).__name__}")
+    return config
+
+
+def initialize_from_run(*, state: TrainState, trainer: Trainer, model_dir: str | os.PathLike) -> TrainState:
     """A freshly initialised train state whose params come from another run (see `params_from_run`), of either
     layer layout."""
     boxed = jax.eval_shape(lambda: trainer.model.init(jax.random.PRNGKey(0), input_length=trainer.input_length,
                                                       target_length=trainer.target_length))["params"]
     params = params_from_run(model_dir=model_dir, fresh_params=state.params,
                              shardings=trainer.state_shardings.params, vocab_axes=vocabulary_axes(boxed),
-                             config=trainer.model.config)
-    return state.replace(params=jax.tree_util.tree_map(jnp.asarray, params))
+                             config=_network_config(trainer))
+    return dataclasses.replace(state, params=jax.tree_util.tree_map(jnp.asarray, params))
 
 
-def initialize_from_pretrained(*, state: "TrainState", trainer: "Trainer", checkpoint_dir: str | os.PathLike,
-                               fresh_patterns: Sequence[str] = ()) -> "TrainState":
+def initialize_from_pretrained(*, state: TrainState, trainer: Trainer, checkpoint_dir: str | os.PathLike,
+                               fresh_patterns: Sequence[str] = ()) -> TrainState:
     """A freshly initialised train state with its params replaced by the checkpoint's (on the trainer's shardings).
 
     Call once, before step 0, when there is no checkpoint of the run to resume from. The optimizer state is kept:
     Adafactor's and Adam's initial statistics do not depend on the parameter values.
     """
-    params = pretrained.load_pretrained_params(checkpoint_dir=checkpoint_dir, config=trainer.model.config,
+    params = pretrained.load_pretrained_params(checkpoint_dir=checkpoint_dir, config=_network_config(trainer),
                                                fresh_params=state.params,
                                                shardings=trainer.state_shardings.params, fresh_patterns=fresh_patterns)
-    return state.replace(params=params)
+    return dataclasses.replace(state, params=params)

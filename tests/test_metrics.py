@@ -26,6 +26,12 @@ def test_each_metric_merges_and_reports_by_its_own_reduction():
     assert Average(total=3.0, count=0.0).compute() == 3.0
     with pytest.raises(ValueError, match="cannot merge"):
         metrics.merge(parts[0], {"loss": parts[0]["loss"]})
+    # A name reported with another reduction in another part is an error, not a Sum that silently drops a count.
+    swapped = {"loss": Sum(total=2.0), "seen": Average(total=0.0, count=1.0), "lr": Sum(total=0.2)}
+    for name in swapped:
+        with pytest.raises(TypeError, match=f"cannot merge a metrics.{type(parts[0][name]).__name__} with a "
+                                            f"{type(swapped[name]).__name__}"):
+            metrics.merge(parts[0], {**parts[0], name: swapped[name]})
 
 
 def test_steps_are_merged_in_one_float32_sum_per_field():

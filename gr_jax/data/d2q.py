@@ -102,7 +102,8 @@ def iter_passage_queries(
         yield from _per_passage_lines(path, docids_in_order=docids_in_order)
         return
     first_line: dict[str, int] = {}  # pid -> line of its first query: the only state kept (pids, not queries)
-    current, queries = None, []
+    current: str | None = None  # the pid whose queries are being collected
+    queries: list[str] = []
     for line_number, pid, query in _pid_query_lines(path, is_docid=is_docid):
         if pid != current:
             if pid in first_line:

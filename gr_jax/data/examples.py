@@ -37,6 +37,10 @@ class Examples:
     soft_tokens: Optional[np.ndarray] = None
     soft_mass: Optional[np.ndarray] = None
 
+    def __post_init__(self):
+        if (self.soft_tokens is None) != (self.soft_mass is None):
+            raise ValueError("Examples: soft_tokens and soft_mass come together (both arrays or both None)")
+
     def __len__(self) -> int:
         return len(self.inputs)
 
@@ -57,7 +61,7 @@ class ExampleBatches:
         out = {"encoder_input_tokens": ex.inputs[rows], "decoder_target_tokens": targets,
                "decoder_input_tokens": np.pad(targets[:, :-1], ((0, 0), (1, 0))),
                "decoder_loss_weights": ex.weights[rows, None] * (targets != PAD_ID)}
-        if ex.soft_tokens is not None:
+        if ex.soft_tokens is not None and ex.soft_mass is not None:  # both or neither (__post_init__)
             out[SOFT_TARGET_TOKENS] = ex.soft_tokens[rows]
             out[SOFT_TARGET_MASS] = ex.soft_mass[rows]
         return out
@@ -74,6 +78,10 @@ class HostExamplesData:
     fields) defines `examples` and `mixture_name`."""
 
     def examples(self, *, docid_space: Any, vocabulary: Any) -> Examples:
+        raise NotImplementedError
+
+    @property
+    def mixture_name(self) -> str:
         raise NotImplementedError
 
     def register(self, docid_space: Any) -> list[str]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Collection
+from collections.abc import Collection, Container
 
 from gr_jax.data.readers import RetrievalDataset
 
@@ -29,7 +29,7 @@ def labeled_queries(
         *,
         dataset: RetrievalDataset,
         split: str,
-        known_docids: Collection[str],
+        known_docids: Container[str],
         first_relevant_only: bool,
 ) -> LabeledQueries:
     """Pairs each query of reader split `split` with its relevant documents (relevance > 0).

@@ -25,7 +25,7 @@ import json
 import logging
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import seqio
@@ -147,7 +147,7 @@ class TrainBatches(Iterator[dict[str, np.ndarray]]):
         self.stream = dict(stream)
         self._pending_skip = start_batch
         self._consumed = start_batch
-        self._iterator = None
+        self._iterator: Iterator[Any] | None = None  # tf.data's, started by the first `next` or a restore
         self.name = state_name(shard_index=stream["shard_index"], num_shards=stream["num_shards"])
 
     @property
@@ -155,14 +155,14 @@ class TrainBatches(Iterator[dict[str, np.ndarray]]):
         """Batches of the fresh run before the next one (the start batch plus those yielded)."""
         return self._consumed
 
-    def _tf_iterator(self):
+    def _tf_iterator(self) -> Iterator[Any]:
         if self._iterator is None:
-            self._iterator = iter(self._dataset)
+            self._iterator = iterator = iter(self._dataset)
             if self._pending_skip:
                 logger.info("%s: re-reading %d batches to resume there (no saved iterator state)", self.name,
                             self._pending_skip)
                 for _ in range(self._pending_skip):
-                    next(self._iterator)
+                    next(iterator)
                 self._pending_skip = 0
         return self._iterator
 
@@ -266,58 +266,66 @@ def eval_batches(
         raise ValueError(f"{mixture_or_task_name!r} has no task with a {split!r} split")
     lengths = _feature_lengths(input_length=input_length, target_length=target_length)
     shard_info = _shard_info(shard_index=shard_index, num_shards=num_shards)
-    dataset = None
-    for task in task_list:
-        task_dataset = seqio.get_dataset(
+    task_datasets = [
+        seqio.get_dataset(
             task, task_feature_lengths=lengths, feature_converter=seqio.EncDecFeatureConverter(pack=False),
             dataset_split=split, shuffle=False, num_epochs=1, shard_info=shard_info, verbose=False)
-        dataset = task_dataset if dataset is None else dataset.concatenate(task_dataset)
+        for task in task_list]
+    dataset = task_datasets[0]
+    for task_dataset in task_datasets[1:]:
+        dataset = dataset.concatenate(task_dataset)
 
-    expected_batches = expected_examples = None
+    share = None
     if num_shards > 1:
-        counts = {task.name: _num_examples(task, split=split) for task in task_list}
-        if any(count is None for count in counts.values()):
+        declared = {task.name: _num_examples(task, split=split) for task in task_list}
+        missing = [name for name, count in declared.items() if count is None]
+        if missing:
             raise ValueError(f"multi-host evaluation needs every task's example count for split {split!r} "
-                             f"(seqio num_input_examples); missing for {[n for n, c in counts.items() if c is None]}")
+                             f"(seqio num_input_examples); missing for {missing}")
+        counts = [count for count in declared.values() if count is not None]
         # tf.data's shard(n, i) keeps examples i, i + n, ...: host i gets ceil((count - i) / n) of each task.
-        expected_examples = sum((c - shard_index + num_shards - 1) // num_shards for c in counts.values())
-        largest_host = sum((c + num_shards - 1) // num_shards for c in counts.values())
-        expected_batches = -(-largest_host // host_batch)
+        largest_host = sum((c + num_shards - 1) // num_shards for c in counts)
+        share = _HostShare(examples=sum((c - shard_index + num_shards - 1) // num_shards for c in counts),
+                           batches=-(-largest_host // host_batch))
 
     widths = {name: target_length for name in FEATURES} | {"encoder_input_tokens": input_length}
     return _padded_eval_batches(
-        _with_options(dataset.batch(host_batch)), host_batch=host_batch, widths=widths,
-        expected_examples=expected_examples, expected_batches=expected_batches,
+        _with_options(dataset.batch(host_batch)), host_batch=host_batch, widths=widths, share=share,
         where=f"host {shard_index} of {num_shards}, {mixture_or_task_name!r}:{split}")
+
+
+class _HostShare(NamedTuple):
+    """What one host of a multi-host evaluation must yield: its examples, and the batches of the largest host."""
+    examples: int
+    batches: int
 
 
 def _padded_eval_batches(
         dataset: tf.data.Dataset,
         *,
         host_batch: int,
-        expected_examples: int | None,
-        expected_batches: int | None,
+        share: _HostShare | None,
         widths: dict[str, int],
         where: str,
 ) -> Iterator[dict[str, np.ndarray]]:
-    """Pads the batches of `dataset` (the last may be short) and appends fully masked ones up to
-    `expected_batches`, checking that exactly `expected_examples` examples arrived (when given)."""
+    """Pads the batches of `dataset` (the last may be short) and, given the host's `share`, appends fully masked
+    ones up to `share.batches`, checking that exactly `share.examples` examples arrived."""
     yielded = seen = 0
     for batch in dataset.as_numpy_iterator():
         rows = len(batch[FEATURES[0]])
         seen += rows
-        if expected_examples is not None and seen > expected_examples:
-            raise RuntimeError(f"{where}: read more than the {expected_examples} examples of its share; the "
+        if share is not None and seen > share.examples:
+            raise RuntimeError(f"{where}: read more than the {share.examples} examples of its share; the "
                                f"tasks' declared example counts (num_input_examples) are wrong")
         yield _pad_batch(batch, host_batch=host_batch)
         yielded += 1
-    if expected_examples is not None:
-        if seen != expected_examples:
-            raise RuntimeError(f"{where}: read {seen} examples, expected {expected_examples} from the tasks' "
+    if share is not None:
+        if seen != share.examples:
+            raise RuntimeError(f"{where}: read {seen} examples, expected {share.examples} from the tasks' "
                                f"declared example counts (num_input_examples)")
         empty = _pad_batch({name: np.zeros((0, width), np.int32) for name, width in widths.items()},
                            host_batch=host_batch)
-        for _ in range(expected_batches - yielded):
+        for _ in range(share.batches - yielded):
             yield {name: value.copy() for name, value in empty.items()}
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Optional
 
 import numpy as np
@@ -76,7 +76,8 @@ class CorpusDocuments:
     def __contains__(self, docid: object) -> bool:
         return isinstance(docid, str) and self.rows_of([docid])[0] >= 0
 
-    def texts(self, rows: Sequence[int]) -> list[str]:
+    def texts(self, rows: Iterable[int]) -> list[str]:
+        """The texts of collection `rows` (ints, or an int array), in that order."""
         return [text for _, text in self._lookup.texts([int(r) for r in rows])]
 
 
@@ -150,7 +151,7 @@ def training_pairs(*, data: DenseData, corpus: CorpusDocuments) -> TrainingPairs
             texts.append(text)
     pair_query = np.asarray([index[qid] for qid in labeled.qids], np.int32)
     pair_document = corpus.rows_of(labeled.docids)
-    positives = [set() for _ in texts]
+    positives: list[set[int]] = [set() for _ in texts]  # each query's positive rows
     for q, row in zip(pair_query.tolist(), pair_document.tolist()):
         positives[q].add(row)
     mined = np.full((len(texts), data.negatives_depth), -1, np.int64)
@@ -168,8 +169,8 @@ def training_pairs(*, data: DenseData, corpus: CorpusDocuments) -> TrainingPairs
             if unknown:
                 raise DataFormatError(f"{data.negatives_run}: the run ranks {unknown} documents for query {qid!r} "
                                       f"that are not in {corpus.dataset.collection_path}: a run of another corpus?")
-            rows = [r for r in rows.tolist() if r not in positives[q]][:data.negatives_depth]
-            mined[q, :len(rows)] = rows
+            negatives = [r for r in rows.tolist() if r not in positives[q]][:data.negatives_depth]
+            mined[q, :len(negatives)] = negatives
         if unranked:
             logger.warning("%s ranks no document for %d of the %d training queries: their hard negatives are random",
                            data.negatives_run, unranked, len(texts))

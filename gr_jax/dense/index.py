@@ -279,26 +279,28 @@ def encode_corpus(*, texts: Callable[[], Any], num_documents: int, encode: Calla
                   show_progress: bool = False) -> tuple[np.ndarray, float]:
     """(vectors float32[num_documents, *shape], seconds): `encode` over the streamed texts, into a memory-mapped
     `out_path` (.npy, written under a temporary name and renamed when complete) or an array."""
+    def fill(out: np.ndarray) -> float:
+        """Writes the vectors into `out` [num_documents, *shape]; returns the seconds it took."""
+        flat = out.reshape(num_documents, -1)
+        start = time.perf_counter()
+        embed_texts(texts=texts(), encode=lambda batch: np.asarray(encode(batch)).reshape(len(batch), -1),
+                    num_texts=num_documents, dim=flat.shape[1], batch_size=read_size, out=flat,
+                    show_progress=show_progress)
+        return time.perf_counter() - start
+
     full_shape = (num_documents, *shape)
-    if out_path is not None:
-        out_path = pathlib.Path(out_path)
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out_path.with_name(f".{out_path.name}.tmp")
-        out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=full_shape)
-    else:
+    if out_path is None:
         out = np.empty(full_shape, np.float32)
-    flat = out.reshape(num_documents, -1)
-    start = time.perf_counter()
-    embed_texts(texts=texts(), encode=lambda batch: np.asarray(encode(batch)).reshape(len(batch), -1),
-                num_texts=num_documents, dim=flat.shape[1], batch_size=read_size, out=flat,
-                show_progress=show_progress)
-    seconds = time.perf_counter() - start
-    if out_path is not None:
-        out.flush()
-        del out, flat
-        os.replace(tmp, out_path)
-        return np.load(out_path, mmap_mode="r"), seconds
-    return out, seconds
+        return out, fill(out)
+    out_path = pathlib.Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_path.with_name(f".{out_path.name}.tmp")
+    mapped = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=full_shape)
+    seconds = fill(mapped)
+    mapped.flush()
+    del mapped
+    os.replace(tmp, out_path)
+    return np.load(out_path, mmap_mode="r"), seconds
 
 
 def index_from_vectors(*, docids: np.ndarray, embeddings: np.ndarray, config: IndexConfig, manifest: dict,

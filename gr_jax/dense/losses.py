@@ -56,7 +56,7 @@ class SampledSoftmax:
         per_query = log_z_k - positive
         correct = (jnp.argmax(masked, axis=-1) == query).astype(jnp.float32)
         queries, loss = jnp.float32(batch), jnp.sum(per_query)
-        metrics = {
+        metrics: dict[str, AnyMetric] = {
             "loss": Average(total=loss, count=queries),
             "sequence_accuracy": Average(total=jnp.sum(correct), count=queries),
             "candidates": Average(total=jnp.sum(competing.astype(jnp.float32)), count=queries),

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import flax.linen as nn
 import jax
@@ -142,7 +142,7 @@ class DualEncoderModel:
     def module(self) -> DualEncoderNetwork:
         return DualEncoderNetwork(self.config)
 
-    def init(self, rng: Array, *, input_length: int, target_length: int, batch_size: int = 1) -> dict:
+    def init(self, rng: Array, *, input_length: int, target_length: int, batch_size: int = 1) -> Mapping[str, Any]:
         """Variables of both sides (boxed where the towers annotate logical axes); use under jax.eval_shape."""
         q = jnp.ones((batch_size, input_length), jnp.int32)
         d = jnp.ones((batch_size, target_length), jnp.int32)
@@ -159,7 +159,9 @@ class DualEncoderModel:
 
     def encode(self, params, ids: Array, mask: Array, *, side: str) -> Array:
         """Vectors of one side without dropout (see `DualEncoderNetwork.encode`)."""
-        return self.module.apply({"params": params}, ids, mask, side=side, method=DualEncoderNetwork.encode)
+        # Without `mutable`, apply returns the output alone (flax types it as maybe (output, state)).
+        return cast(Array, self.module.apply({"params": params}, ids, mask, side=side,
+                                             method=DualEncoderNetwork.encode))
 
     def candidate_scores(self, params, batch: Batch, dropout_rng: Optional[Array]) -> tuple[Array, Array, Array]:
         """(logits float32[B, C], candidate owner int32[C], valid bool[B, C]) of a training batch: S / tau of every
@@ -167,7 +169,7 @@ class DualEncoderModel:
         deterministic = dropout_rng is None
         # Each side its own dropout key: with one key, query i and candidate i (its positive) would draw the same
         # mask, a pattern the model can learn to match instead of the texts.
-        keys = dict(zip((QUERY, DOCUMENT), jax.random.split(dropout_rng))) if not deterministic else {}
+        keys = {} if dropout_rng is None else dict(zip((QUERY, DOCUMENT), jax.random.split(dropout_rng)))
 
         def encode(ids, mask, side):
             return self.module.apply({"params": params}, ids, mask, side=side, deterministic=deterministic,

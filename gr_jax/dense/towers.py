@@ -143,7 +143,8 @@ class MiniLMTower:
             return fresh
         from gr_jax.encoders.minilm import _load_weights
         _, weights = _load_weights(self._dir.resolve())
-        if jax.tree.structure(weights) != jax.tree.structure(fresh):
+        # jaxlib ships no stub of its PyTreeDef, which mypy then cannot compare: hence the ignore.
+        if jax.tree.structure(weights) != jax.tree.structure(fresh):  # type: ignore[operator]
             raise ValueError(f"{self._dir}: the MiniLM weights do not have the tower's parameter tree")
         return jax.tree.map(lambda w, s: jax.device_put(w, s), weights, shardings)
 

@@ -226,7 +226,8 @@ def params_from_safetensors(path: PathLike, *, config: BertConfig) -> dict:
                          f"{' ...' if len(unexpected) > 8 else ''}")
     expected = jax.eval_shape(SentenceEncoder(config).init, jax.random.key(0), jnp.zeros((1, 2), jnp.int32),
                               jnp.ones((1, 2), bool))["params"]
-    if jax.tree_util.tree_structure(expected) != jax.tree_util.tree_structure(params):
+    # jaxlib ships no stub of its PyTreeDef, which mypy then cannot compare: hence the ignore.
+    if jax.tree_util.tree_structure(expected) != jax.tree_util.tree_structure(params):  # type: ignore[operator]
         raise AssertionError("the weight mapping does not match SentenceEncoder's parameter tree")
     for (key_path, want), got in zip(jax.tree_util.tree_flatten_with_path(expected)[0],
                                      jax.tree_util.tree_leaves(params)):

@@ -175,15 +175,14 @@ def cluster_id_table(clusters: ClusterIds, *, digit_tokens: Sequence[int]) -> Do
     """The clusters' names and token sequences (see the module docstring): int32[K, sum of level widths + 1].
     digit_tokens: the ids of "0".."9" (`gr_jax.docids.schemes.semantic.digit_token_ids`)."""
     from gr_jax.docids.schemes.semantic import digits_of
-    digit_tokens = np.asarray(digit_tokens, np.int64)
-    if digit_tokens.shape != (10,) or len(set(digit_tokens.tolist())) != 10 or np.isin(digit_tokens,
-                                                                                         (PAD_ID, EOS_ID)).any():
-        raise ValueError(f"digit_tokens must be 10 distinct token ids other than PAD/EOS, got {digit_tokens.tolist()}")
+    digit_ids = np.asarray(digit_tokens, np.int64)
+    if digit_ids.shape != (10,) or len(set(digit_ids.tolist())) != 10 or np.isin(digit_ids, (PAD_ID, EOS_ID)).any():
+        raise ValueError(f"digit_tokens must be 10 distinct token ids other than PAD/EOS, got {digit_ids.tolist()}")
     widths = [len(str(k - 1)) for k in clusters.branching]
     tokens = np.full((clusters.num_clusters, sum(widths) + 1), EOS_ID, np.int32)
     column = 0
     for level, width in enumerate(widths):
         for digit in digits_of(clusters.paths[:, level].astype(np.int64), width):
-            tokens[:, column] = digit_tokens[digit]
+            tokens[:, column] = digit_ids[digit]
             column += 1
     return DocidTable(docids=clusters.names, tokens=tokens)

@@ -311,11 +311,13 @@ class ClusteredIndex:
                                   f"({manifest.get('encoder')}): rebuild the clustered index")
         clusters = ClusterIds.load(directory / CLUSTERS)
         added = int(manifest.get("added", 0))
-        added_docids = np.load(directory / ADDED_DOCIDS) if added else None
-        added_vectors = np.load(directory / ADDED_EMBEDDINGS) if added else None
-        if added and (len(added_docids) != added or len(added_vectors) != added):
-            raise DataFormatError(f"{manifest_path}: {added} added documents, but {directory / ADDED_DOCIDS} holds "
-                                  f"{len(added_docids)} and {directory / ADDED_EMBEDDINGS} {len(added_vectors)}")
+        added_docids = added_vectors = None
+        if added:
+            added_docids, added_vectors = np.load(directory / ADDED_DOCIDS), np.load(directory / ADDED_EMBEDDINGS)
+            if len(added_docids) != added or len(added_vectors) != added:
+                raise DataFormatError(f"{manifest_path}: {added} added documents, but {directory / ADDED_DOCIDS} "
+                                      f"holds {len(added_docids)} and {directory / ADDED_EMBEDDINGS} "
+                                      f"{len(added_vectors)}")
         try:
             return cls(base_docids=base.docids, base_vectors=base.embeddings, clusters=clusters,
                        centroids=np.load(directory / CENTROIDS), manifest=manifest, added_docids=added_docids,

@@ -93,7 +93,7 @@ class GdrLoss:
         intra_correct = (jnp.argmax(masked, axis=-1) == jnp.arange(logits.shape[0])).astype(jnp.float32)
         per_query = (self.inter_weight * inter + self.intra_weight * intra) * has_target
         queries, loss = jnp.sum(has_target), jnp.sum(per_query)
-        metrics = {name: Average(total=total, count=queries) for name, total in (
+        metrics: dict[str, AnyMetric] = {name: Average(total=total, count=queries) for name, total in (
             ("loss", loss),
             ("inter_loss", jnp.sum(inter * has_target)),
             ("intra_loss", jnp.sum(intra * has_target)),

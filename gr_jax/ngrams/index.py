@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import pathlib
-from collections.abc import Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -101,12 +101,12 @@ def build_span_index(dataset: RetrievalDataset, *, vocabulary: Any, width: int) 
             window_ids.append(j)
         window_starts.append(len(window_ids))
     longest = max(len(s) for s in sequences)
-    tokens = np.zeros((len(sequences), longest), np.int32)
+    table_tokens = np.zeros((len(sequences), longest), np.int32)
     for j, sequence in enumerate(sequences):
-        tokens[j, :len(sequence)] = sequence
+        table_tokens[j, :len(sequence)] = sequence
     counts = np.asarray([len(c) for c in containing], np.int64)
     offsets = np.concatenate([[0], np.cumsum(counts)])
-    table = DocidTable(docids=tuple(f"s{j}" for j in range(len(sequences))), tokens=tokens)
+    table = DocidTable(docids=tuple(f"s{j}" for j in range(len(sequences))), tokens=table_tokens)
     logger.info("span index: %d documents, %d windows of %d words, %d distinct (%d tokens at most)", len(docids),
                 len(window_ids), width, len(sequences), longest)
     return SpanIndex(table=table, doc_offsets=offsets, doc_rows=np.concatenate([np.asarray(c, np.int32)
@@ -115,7 +115,7 @@ def build_span_index(dataset: RetrievalDataset, *, vocabulary: Any, width: int) 
                      window_ids=np.asarray(window_ids, np.int32))
 
 
-def aggregate_documents(span_ids: Sequence[int], span_scores: Sequence[float], *, index: SpanIndex,
+def aggregate_documents(span_ids: Iterable[int], span_scores: Iterable[float], *, index: SpanIndex,
                         k: int) -> tuple[list[int], list[float]]:
     """Documents ranked by the spans they contain: score(d) = sum of p(span | q) = exp(log-likelihood) over the
     distinct generated spans d contains (each span once, however often d repeats it); ties by the best span that

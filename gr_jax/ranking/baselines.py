@@ -18,7 +18,7 @@ biases. `score(params, queries, documents)` scores pairs int[...] for the rankin
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, cast
 
 import flax.linen as nn
 import jax
@@ -53,6 +53,11 @@ class _CrossEncoderNet(nn.Module):
         return nn.Dense(1, kernel_init=init, name="out")(x)[..., 0]
 
 
+def _apply(module: nn.Module, params: Any, *inputs: Array) -> Array:
+    """`module`'s output for `inputs`: flax types `apply` as maybe (output, state), which it is only with `mutable`."""
+    return cast(Array, module.apply({"params": params}, *inputs))
+
+
 def _unit_rows(params: Any) -> Any:
     table = params["embedding"]
     return {**params, "embedding": table / jnp.maximum(jnp.linalg.norm(table, axis=-1, keepdims=True), 1e-12)}
@@ -80,8 +85,8 @@ class DualEncoderTable:
     def loss(self, params, queries: Array, documents: Array, weights: Array, rng: Array) -> Array:
         """queries, documents int[B], weights float[B] (lambda(r_i)) -> Eq. 13."""
         del rng
-        q = self.module.apply({"params": params}, queries)
-        d = self.module.apply({"params": params}, documents)
+        q = _apply(self.module, params, queries)
+        d = _apply(self.module, params, documents)
         logits = q @ d.T / self.temperature  # [B (queries), B (documents)]
         log_p = jax.nn.log_softmax(logits, axis=-1)
         return -jnp.mean(weights * jnp.diagonal(log_p))
@@ -90,8 +95,8 @@ class DualEncoderTable:
         return _unit_rows(params)
 
     def score(self, params, queries: Array, documents: Array) -> Array:
-        q = self.module.apply({"params": params}, queries)
-        d = self.module.apply({"params": params}, documents)
+        q = _apply(self.module, params, queries)
+        d = _apply(self.module, params, documents)
         return jnp.sum(q * d, axis=-1)
 
 
@@ -116,9 +121,9 @@ class CrossEncoderTable:
 
     def loss(self, params, queries: Array, documents: Array, weights: Array, rng: Array) -> Array:
         """Eq. 14: weighted positives over sum(lambda), and each query against a permuted batch's document."""
-        positive = self.module.apply({"params": params}, queries, documents)
+        positive = _apply(self.module, params, queries, documents)
         shuffled = documents[jax.random.permutation(rng, documents.shape[0])]
-        negative = self.module.apply({"params": params}, queries, shuffled)
+        negative = _apply(self.module, params, queries, shuffled)
         positive_term = jnp.sum(weights * jax.nn.log_sigmoid(positive)) / jnp.maximum(jnp.sum(weights), 1e-12)
         return -(positive_term + jnp.mean(jax.nn.log_sigmoid(-negative)))
 
@@ -126,7 +131,7 @@ class CrossEncoderTable:
         return params
 
     def score(self, params, queries: Array, documents: Array) -> Array:
-        return self.module.apply({"params": params}, queries, documents)
+        return _apply(self.module, params, queries, documents)
 
 
 def train(ranker, *, queries: np.ndarray, documents: np.ndarray, weights: np.ndarray, steps: int, batch_size: int,

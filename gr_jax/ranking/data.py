@@ -103,7 +103,11 @@ def ranked_list_examples(*, data: "RankedListData", docid_space: DocidSpace, voc
     width = data.target_length
     tokens = np.zeros((len(table), width), np.int32)
     tokens[:, :table.tokens.shape[1]] = table.tokens
-    query_texts, targets, weights, soft_tokens, soft_mass = [], [], [], [], []
+    query_texts: list[str] = []
+    target_rows: list[np.ndarray] = []  # int32[target_length] each
+    row_weights: list[float] = []
+    soft_token_rows: list[np.ndarray] = []  # int32[target_length, K] each
+    soft_mass_rows: list[np.ndarray] = []  # float32[target_length, K] each
     for qid, docids in lists.items():
         rows = table.rows_of(docids)
         if (rows < 0).any():
@@ -115,20 +119,20 @@ def ranked_list_examples(*, data: "RankedListData", docid_space: DocidSpace, voc
         lam = np.asarray(data.item_weights(ranks, np.full(n, n)), np.float32)
         for rank in ranks[lam > 0].tolist():
             query_texts.append(texts[qid])
-            targets.append(tokens[rows[rank - 1]])
-            weights.append(lam[rank - 1])
+            target_rows.append(tokens[rows[rank - 1]])
+            row_weights.append(lam[rank - 1])
             if data.token_targets is not None:
                 spec = data.token_targets
                 y_tokens, y_mass = trie_targets(tokens[rows], rank=rank, beta=spec.beta,
                                                 max_children=spec.max_children, from_rank=spec.from_rank)
-                soft_tokens.append(y_tokens)
-                soft_mass.append(y_mass)
+                soft_token_rows.append(y_tokens)
+                soft_mass_rows.append(y_mass)
     inputs, cut = encode_and_count_cut(query_texts, vocabulary=vocabulary, input_length=data.input_length)
     if cut:
         raise ValueError(f"{cut} of the {len(query_texts)} training queries of {data.data_dir} are longer than "
                          f"input_length={data.input_length} - 1 tokens: raise input_length")
-    targets = np.stack(targets)
-    weights = np.asarray(weights, np.float32)
+    targets = np.stack(target_rows)
+    weights = np.asarray(row_weights, np.float32)
     if data.indexing:
         doc_ids, documents = zip(*dataset.collection())
         doc_inputs, doc_cut = encode_and_count_cut(documents, vocabulary=vocabulary, input_length=data.input_length)
@@ -140,7 +144,7 @@ def ranked_list_examples(*, data: "RankedListData", docid_space: DocidSpace, voc
     if data.token_targets is None:
         return Examples(inputs=inputs, targets=targets, weights=weights)
     k = data.token_targets.max_children
-    soft_tokens, soft_mass = np.stack(soft_tokens), np.stack(soft_mass)
+    soft_tokens, soft_mass = np.stack(soft_token_rows), np.stack(soft_mass_rows)
     if data.indexing:
         extra_tokens, extra_mass = _one_hot_rows(targets[len(soft_tokens):], k)
         soft_tokens, soft_mass = np.concatenate([soft_tokens, extra_tokens]), np.concatenate([soft_mass, extra_mass])

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import os
 import pathlib
 import time
 from collections.abc import Sequence
@@ -93,7 +94,8 @@ class DenseRetriever:
     def __init__(self, *, model: DualEncoderModel, params: Any, tokenizer: Tokenizer, corpus: CorpusDocuments,
                  input_length: int, target_length: int, mesh: Mesh, param_shardings: Any,
                  rules: partitioning.LogicalAxisRules = partitioning.LOGICAL_AXIS_RULES, batch_size: int = 64,
-                 index_config: index_lib.IndexConfig = index_lib.IndexConfig(), index_dir: Optional[str] = None,
+                 index_config: index_lib.IndexConfig = index_lib.IndexConfig(),
+                 index_dir: Optional[str | os.PathLike] = None,
                  fingerprint: Optional[dict] = None, replace_stale: bool = False, probabilities: bool = True,
                  show_progress: bool = False, document_buckets: Optional[Sequence[int]] = None):
         if batch_size < 1:

@@ -156,7 +156,8 @@ class GenerativeRetriever:
                     empty = beam_scores[i, 0] == -np.inf
                     top1["sequence"].append(np.nan if empty else float(np.exp(top1_log_probs[i, 0])))
                     top1["trie_masked"].append(np.nan if empty else float(np.exp(top1_log_probs[i, 1])))
-                    query_ids, query_scores = [], []
+                    query_ids: list[str] = []
+                    query_scores: list[float] = []
                     for row, score, sequence in zip(rows[i].tolist(), beam_scores[i].tolist(), sequences[i]):
                         if score == -np.inf or len(query_ids) == k:  # an empty slot (fewer results than beams)
                             continue

@@ -139,11 +139,11 @@ class CglScorer:
                 rows[q, :n] = np.concatenate(parts)
                 owner[q, :n] = np.repeat(slots, [len(part) for part in parts])
         per_call = min(width, self.config.candidates_per_call)
-        parts = -(-width // per_call)
-        rows = np.pad(rows, ((0, 0), (0, parts * per_call - width)), constant_values=-1)
+        calls = -(-width // per_call)
+        rows = np.pad(rows, ((0, 0), (0, calls * per_call - width)), constant_values=-1)
         losses = np.concatenate([self.candidate_losses(params, tokens, rows[:, i * per_call:(i + 1) * per_call],
                                                        show_progress=show_progress)
-                                 for i in range(parts)], axis=1)[:, :width].astype(np.float64)
+                                 for i in range(calls)], axis=1)[:, :width].astype(np.float64)
         out = np.full(documents.shape, np.nan)
         for q in range(len(documents)):
             kept = owner[q] >= 0
