@@ -29,12 +29,14 @@ import jax
 
 from gr_jax import checkpoints
 from gr_jax import partitioning
+from gr_jax.data.readers import EVAL_SPLIT_SETTING
 from gr_jax.evaluation import write_trec_run
 from gr_jax.evaluator import RetrievalEvaluator
+from gr_jax.family import BuiltRun
+from gr_jax.retrievers.settings import EvalConfig
 from gr_jax.run_dir import RunDir
 
 if TYPE_CHECKING:
-    from gr_jax.experiment import Built
     from gr_jax.metric_writers import MetricWriter
     from gr_jax.retrievers import ParametricRetriever
     from gr_jax.trainer import TrainState
@@ -55,7 +57,7 @@ class TrainingRun:
     reported_params: (step, params) that the final evaluation ranks with, when an action chose them (model
       selection's best state); None means the last state.
     """
-    built: Built
+    built: BuiltRun
     writer: MetricWriter
     start_step: int
     start_batch: int
@@ -396,3 +398,27 @@ class SelectModel(Action):
         run.report.update({"select/best_step": selection.best_step,
                            f"select/best_{selection.metric}": selection.best_value,
                            "select/stopped_at": progress.step})
+
+
+def evaluation_actions(settings: EvalConfig, built: BuiltRun, *, show_progress: bool = False) -> list[Action]:
+    """The evaluation actions `settings` ask for: none, the eval split's, or model selection and the final
+    evaluation, sharing one retriever (one trie, one compiled decoding)."""
+    if settings.every_steps < 0:
+        return []
+    retriever = built.retriever(settings=settings, show_progress=show_progress)
+    split = built.experiment.dataset.eval_split
+
+    def evaluator(split: str, setting: str = EVAL_SPLIT_SETTING) -> RetrievalEvaluator:
+        """The split's first `max_queries` queries, ranked `depth` deep (`setting`: what picks the split)."""
+        return built.evaluator(split=split, k=settings.depth, max_queries=settings.max_queries, setting=setting)
+
+    final = EvaluateRetrieval(retriever=retriever, evaluator=evaluator(split), split=split,
+                              every_steps=0 if settings.select_split else settings.every_steps,
+                              kept_at=built.retriever_kept_at)
+    if settings.select_split is None:
+        return [final]
+    select = SelectModel(retriever=retriever, evaluator=evaluator(
+                             settings.select_split, setting="--gin.training.EvalConfig.select_split"),
+                         split=settings.select_split, metric=settings.select_metric, every_steps=settings.every_steps,
+                         patience=settings.patience)
+    return [select, final]

@@ -33,7 +33,7 @@ LAYERS = {
     "training": ["gr_jax.optimizers", "gr_jax.trainer", "gr_jax.checkpoints", "gr_jax.warm_start",
                  "gr_jax.dense.data", "gr_jax.gdr.data"],
     "retrieval": ["gr_jax.retrievers", "gr_jax.evaluator"],
-    "experiment": ["gr_jax.experiment", "gr_jax.dense.experiment", "gr_jax.gdr.experiment",
+    "experiment": ["gr_jax.family", "gr_jax.experiment", "gr_jax.dense.experiment", "gr_jax.gdr.experiment",
                    "gr_jax.ngrams.experiment", "gr_jax.training", "gr_jax.actions", "gr_jax.dense.calibration",
                    "gr_jax.scaling.cgl", "gr_jax.ranking.evaluation"],
     "entry": ["gr_jax.train", "gr_jax.eval", "gr_jax.infer", "gr_jax.search", "gr_jax.cli", "gr_jax.cgl",

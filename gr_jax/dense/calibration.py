@@ -31,6 +31,7 @@ from gr_jax import partitioning
 from gr_jax.actions import Action
 from gr_jax.dense.index import CorpusIndex
 from gr_jax.dense.model import DOCUMENT, QUERY
+from gr_jax.retrievers.settings import EvalConfig
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +59,6 @@ class NormaliserGap(Action):
         if self.corpus_sample is not None and self.corpus_sample < len(built.corpus):
             self._rows = np.sort(np.random.default_rng(self.seed).choice(len(built.corpus), self.corpus_sample,
                                                                          replace=False))
-        from gr_jax.training import EvalConfig
         self._retriever = built.retriever(None, settings=EvalConfig(batch_size=self.batch_size))
         model, trainer = built.model, built.trainer
 
