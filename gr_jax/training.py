@@ -8,6 +8,7 @@ by addressing the batch directly.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -130,7 +131,7 @@ def training_loop(*, run: TrainingRun, state: Any, num_train_steps: int, actions
     built, experiment = run.built, run.built.experiment
     batches = built.train_batches(start_batch=run.start_batch)
     restore_input(run, batches)
-    run.batches = batches
+    run = dataclasses.replace(run, batches=batches)  # what the actions read: the input whose state checkpoints save
     record = None
     if record_examples:
         path = run.run_dir.examples_record(process=jax.process_index(), count=jax.process_count())
@@ -192,7 +193,10 @@ def training_loop(*, run: TrainingRun, state: Any, num_train_steps: int, actions
         bar.close()
         built.checkpointer.wait_until_finished()
         run.writer.flush()
-    return state, run.report
+    report: dict[str, float] = {}
+    for action in actions:  # what each action found, after every action ended
+        report.update(action.report())
+    return state, report
 
 
 def train(*, experiment: ModelFamily, num_train_steps: int, checkpoint_every_steps: int = 1000,

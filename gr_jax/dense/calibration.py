@@ -48,6 +48,7 @@ class NormaliserGap(Action):
         self.corpus_sample = corpus_sample
         self.seed = seed
         self.batch_size = batch_size
+        self.found: dict[str, float] = {}
 
     def start(self, run):
         built = run.built
@@ -97,7 +98,10 @@ class NormaliserGap(Action):
     def __call__(self, run, progress):
         values = self.measure(run, progress.state.params)
         run.writer.write_scalars(progress.step, {f"calibration/{k}": v for k, v in values.items()})
-        run.report.update({f"calibration/{k}": v for k, v in values.items()})
+        self.found.update({f"calibration/{k}": v for k, v in values.items()})
         logger.info("step %d normaliser gap: %s", progress.step, values)
         return False
+
+    def report(self):
+        return dict(self.found)
 
