@@ -6,7 +6,10 @@ and at the last step: it fetches the training metrics accumulated since the prev
 and calls, in list order, every action that is due. An action's `every_steps` is its period; None means "at every
 report" (the non-finite loss guard, the metric writer). An action returns True to stop training after this step
 (early stopping); `start` may stop a run before its first step (a resumed run that already stopped), and `end` runs
-once after the loop (the final evaluation, the save of a state where training stopped).
+once after the loop (the final evaluation, the save of a state where training stopped). Actions share nothing
+mutable: what each found for the run's report it returns from `report()`, which the loop merges once the run ended,
+and an action that needs another's finding is given that action (the final evaluation, model selection's best
+state), so their order in the list does not matter.
 
 New objectives and evaluations (a contrastive loss's metrics, CGL evaluation, SToICaL's ranking metrics) are new
 `Action`s passed to `training.train(actions=...)` (gin: `training.train.actions = [@MyAction()]`): the loop is
@@ -29,12 +32,14 @@ import jax
 
 from gr_jax import checkpoints
 from gr_jax import partitioning
+from gr_jax.data.readers import EVAL_SPLIT_SETTING
 from gr_jax.evaluation import write_trec_run
 from gr_jax.evaluator import RetrievalEvaluator
+from gr_jax.family import BuiltRun
+from gr_jax.retrievers.settings import EvalConfig
 from gr_jax.run_dir import RunDir
 
 if TYPE_CHECKING:
-    from gr_jax.experiment import Built
     from gr_jax.metric_writers import MetricWriter
     from gr_jax.retrievers import ParametricRetriever
     from gr_jax.trainer import TrainState
@@ -42,27 +47,22 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class TrainingRun:
-    """What a training run's actions share, set up once before the first step.
+    """What a training run's actions read, set up once before the first step (a value: no action writes to it).
 
     start_batch: the input position the run starts at (batches of the fresh run consumed before its first step).
     input_checkpoint: the checkpoint step whose saved input iterator state continues the input (`training.
       restore_input`); None: none (a fresh run, or one whose input config changed).
-    batches: the training input, once the loop made it; a `checkpoints.CheckpointableInput` (the seqio pipeline)
-      has its state saved with every checkpoint.
-    report: the run's final metrics (written to `model_dir/final_metrics.json`), which actions extend.
-    reported_params: (step, params) that the final evaluation ranks with, when an action chose them (model
-      selection's best state); None means the last state.
+    batches: the training input, once the loop made it (the loop's own copy of the run); a
+      `checkpoints.CheckpointableInput` (the seqio pipeline) has its state saved with every checkpoint.
     """
-    built: Built
+    built: BuiltRun
     writer: MetricWriter
     start_step: int
     start_batch: int
     input_checkpoint: Optional[int] = None
     batches: Optional[Iterator] = None
-    report: dict[str, float] = dataclasses.field(default_factory=dict)
-    reported_params: Optional[tuple[int, Any]] = None
 
     @property
     def run_dir(self) -> RunDir:
@@ -117,6 +117,11 @@ class Action:
         """Called once after the loop, with the last step (also when an action stopped training early)."""
         del run, progress
 
+    def report(self) -> Mapping[str, float]:
+        """What this action found for the run's report (`model_dir/final_metrics.json`), asked once after every
+        action's `end`: its latest value of each metric it measured. Nothing by default."""
+        return {}
+
 
 class NonFiniteLossError(FloatingPointError):
     """A training metric became NaN/inf; nothing after the last good checkpoint was saved."""
@@ -139,15 +144,21 @@ class StopOnNonFiniteLoss(Action):
 
 
 class WriteTrainMetrics(Action):
-    """Writes the reported training metrics as `train/*` scalars (TensorBoard and the log) and keeps the last
-    ones in the run's report."""
+    """Writes the reported training metrics as `train/*` scalars (TensorBoard and the log) and reports the last
+    value of each."""
+
+    def __init__(self):
+        self.found: dict[str, float] = {}
 
     def __call__(self, run, progress):
         if progress.summary:
             scalars = {f"train/{k}": v for k, v in progress.summary.items()}
             run.writer.write_scalars(progress.step, scalars)
-            run.report.update(scalars)
+            self.found.update(scalars)
         return False
+
+    def report(self):
+        return dict(self.found)
 
 
 # Decisions in the coordination service's key-value store: one key prefix per decider (a SaveCheckpoint), numbered in
@@ -260,19 +271,23 @@ def evaluate_retrieval(run: TrainingRun, *, retriever: ParametricRetriever, eval
 
 class EvaluateRetrieval(Action):
     """Ranks the eval split every `every_steps` steps (0: only at the end) and, once training ends, with the
-    final state (or the one `run.reported_params` names), whose metrics are the run's `eval/*` report.
+    final state (or the one `reported` chooses), whose metrics are the run's `eval/*` report.
 
     kept_at: `(retriever, *, step) -> retriever` for the reported checkpoint's step (`BuiltRun.retriever_kept_at`):
     what the final ranking builds for those parameters (a dense run's corpus index) stays in the run dir, where
-    `gr_jax.eval` of that step reuses it. None: nothing kept."""
+    `gr_jax.eval` of that step reuses it. None: nothing kept. reported: `(run) -> (step, params) or None`, the state
+    the final ranking reports instead of the last one (model selection's best: `SelectModel.best_state`)."""
 
     def __init__(self, *, retriever: ParametricRetriever, evaluator: RetrievalEvaluator, split: str,
-                 every_steps: int = 0, kept_at: Optional[Callable[..., ParametricRetriever]] = None):
+                 every_steps: int = 0, kept_at: Optional[Callable[..., ParametricRetriever]] = None,
+                 reported: Optional[Callable[[TrainingRun], Optional[tuple[int, Any]]]] = None):
         self.retriever = retriever
         self.evaluator = evaluator
         self.split = split
         self.every_steps = every_steps
         self.kept_at = kept_at
+        self.reported = reported
+        self.found: dict[str, float] = {}
 
     def due(self, step, *, last):
         return self.every_steps > 0 and step % self.every_steps == 0 and not last  # the last: `end`
@@ -280,17 +295,21 @@ class EvaluateRetrieval(Action):
     def _evaluate(self, run: TrainingRun, step: int, params: Any) -> None:
         metrics = evaluate_retrieval(run, retriever=self.retriever, evaluator=self.evaluator, split=self.split,
                                      step=step, params=params, prefix="eval")
-        run.report.update({f"eval/{k}": v for k, v in metrics.items()})
+        self.found.update({f"eval/{k}": v for k, v in metrics.items()})
 
     def __call__(self, run, progress):
         self._evaluate(run, progress.step, progress.state.params)
         return False
 
     def end(self, run, progress):
-        step, params = run.reported_params or (progress.step, progress.state.params)
+        chosen = self.reported(run) if self.reported is not None else None
+        step, params = chosen or (progress.step, progress.state.params)
         if self.kept_at is not None:
             self.retriever = self.kept_at(self.retriever, step=step)
         self._evaluate(run, step, params)
+
+    def report(self):
+        return dict(self.found)
 
 
 @dataclasses.dataclass
@@ -352,7 +371,8 @@ class ModelSelection:
 class SelectModel(Action):
     """Model selection and early stopping on a held-out split: every `every_steps` steps and at the last step the
     state ranks `evaluator`'s split; the best by `metric` is kept in `model_dir/best/`; training stops after
-    `patience` evaluations without improvement; and the final evaluation ranks with the best state."""
+    `patience` evaluations without improvement; and the final evaluation ranks with the best state (`best_state`,
+    given to it as its `reported`)."""
 
     def __init__(self, *, retriever: ParametricRetriever, evaluator: RetrievalEvaluator, split: str, metric: str,
                  every_steps: int, patience: Optional[int] = None):
@@ -366,6 +386,8 @@ class SelectModel(Action):
         self.patience = patience
         self.selection: Optional[ModelSelection] = None
         self.best: Optional[checkpoints.Checkpointer] = None
+        self.stopped_at: Optional[int] = None
+        self._best_params: Optional[tuple[int, Any]] = None
 
     def start(self, run):
         self.selection = ModelSelection.load(run.run_dir.selection, split=self.split, metric=self.metric,
@@ -386,13 +408,48 @@ class SelectModel(Action):
                         self.metric, self.split, self.patience, self.selection.best_step)
         return self.selection.stopped
 
-    def end(self, run, progress):
+    def best_state(self, run: TrainingRun) -> Optional[tuple[int, Any]]:
+        """(step, params) of the best state kept in `model_dir/best/` (read once per best step), or None before any
+        selection evaluation."""
         selection = self.selection
-        if selection.best_step is None:
-            return
-        params = self.best.restore_params(selection.best_step,
-                                          abstract_params=run.built.trainer.abstract_state.params)
-        run.reported_params = (selection.best_step, params)
-        run.report.update({"select/best_step": selection.best_step,
-                           f"select/best_{selection.metric}": selection.best_value,
-                           "select/stopped_at": progress.step})
+        if selection is None or selection.best_step is None or self.best is None:
+            return None
+        if self._best_params is None or self._best_params[0] != selection.best_step:
+            params = self.best.restore_params(selection.best_step,
+                                              abstract_params=run.built.trainer.abstract_state.params)
+            self._best_params = (selection.best_step, params)
+        return self._best_params
+
+    def end(self, run, progress):
+        self.stopped_at = progress.step
+
+    def report(self):
+        selection = self.selection
+        if selection is None or selection.best_step is None:
+            return {}
+        return {"select/best_step": selection.best_step, f"select/best_{selection.metric}": selection.best_value,
+                "select/stopped_at": self.stopped_at}
+
+
+def evaluation_actions(settings: EvalConfig, built: BuiltRun, *, show_progress: bool = False) -> list[Action]:
+    """The evaluation actions `settings` ask for: none, the eval split's, or model selection and the final
+    evaluation, sharing one retriever (one trie, one compiled decoding)."""
+    if settings.every_steps < 0:
+        return []
+    retriever = built.retriever(settings=settings, show_progress=show_progress)
+    split = built.experiment.dataset.eval_split
+
+    def evaluator(split: str, setting: str = EVAL_SPLIT_SETTING) -> RetrievalEvaluator:
+        """The split's first `max_queries` queries, ranked `depth` deep (`setting`: what picks the split)."""
+        return built.evaluator(split=split, k=settings.depth, max_queries=settings.max_queries, setting=setting)
+
+    if settings.select_split is None:
+        return [EvaluateRetrieval(retriever=retriever, evaluator=evaluator(split), split=split,
+                                  every_steps=settings.every_steps, kept_at=built.retriever_kept_at)]
+    select = SelectModel(retriever=retriever, evaluator=evaluator(
+                             settings.select_split, setting="--gin.training.EvalConfig.select_split"),
+                         split=settings.select_split, metric=settings.select_metric, every_steps=settings.every_steps,
+                         patience=settings.patience)
+    final = EvaluateRetrieval(retriever=retriever, evaluator=evaluator(split), split=split, every_steps=0,
+                              kept_at=built.retriever_kept_at, reported=select.best_state)
+    return [select, final]

@@ -1,4 +1,5 @@
-"""What a run is: its data, network, loss, optimizer, batch and mesh, and the live objects built from them.
+"""The generative family (a T5.1.1 encoder-decoder decoding docids, or doc2query's query text): its data, network
+and loss, and the live objects built from them (`gr_jax.family`: the training setup and run every family shares).
 
 Train, eval, infer and search build the same `Experiment` from the same gin (training writes it to
 `model_dir/config.gin`), so their states and shardings agree. `Experiment.build()` reads the run's docid space once
@@ -9,27 +10,23 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
-from collections.abc import Callable, Container, Iterator, Sequence
+from collections.abc import Container, Iterator, Sequence
 from typing import Any, Optional, Protocol
 
 import jax
 import numpy as np
-import optax
 
-from gr_jax import checkpoints
 from gr_jax import losses
 from gr_jax import network
-from gr_jax import optimizers
-from gr_jax import partitioning
 from gr_jax import warm_start
-from gr_jax.data.readers import EVAL_SPLIT_SETTING, open_dataset
 from gr_jax.docids import DocidSpace
 from gr_jax.docids.identifiers import DocumentIdentifiers
-from gr_jax.evaluator import RetrievalEvaluator
+from gr_jax.family import BuiltRun, ModelFamily
 from gr_jax.models import EncoderDecoderModel
 from gr_jax.retrievers.generative import GenerativeRetriever
+from gr_jax.retrievers.settings import RetrievalSettings
 from gr_jax.run_dir import RunDir
-from gr_jax.trainer import Trainer
+from gr_jax.trainer import TrainState
 from gr_jax.vocabulary import load_vocabulary, vocabulary_file
 
 logger = logging.getLogger(__name__)
@@ -38,12 +35,23 @@ logger = logging.getLogger(__name__)
 class RunData(Protocol):
     """What an Experiment trains on: a data dir, its seqio mixture and, for retrieval, its docid space."""
 
-    name: str
-    data_dir: str
-    input_length: int
-    target_length: int
-    eval_split: str
-    vocabulary_path: Optional[str]
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def data_dir(self) -> str: ...
+
+    @property
+    def input_length(self) -> int: ...
+
+    @property
+    def target_length(self) -> int: ...
+
+    @property
+    def eval_split(self) -> str: ...
+
+    @property
+    def vocabulary_path(self) -> Optional[str]: ...
 
     def docid_space(self) -> Optional[DocidSpace]:
         """The run's docids (read once per run), or None when the targets are no docids (doc2query)."""
@@ -162,189 +170,42 @@ def build_model(*, config: network.T5Config, model_vocab_size: int, loss: losses
     return EncoderDecoderModel(config=config, loss=loss)
 
 
-@dataclasses.dataclass(frozen=True)
-class Experiment:
-    """What a run is (see the module docstring)."""
-    model_dir: str
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Experiment(ModelFamily):
+    """A generative run: `network_config` and `loss` trained on `dataset` (the training setup: `ModelFamily`)."""
     dataset: RunData
     network_config: network.T5Config
-    learning_rate: optax.Schedule
-    optimizer_factory: Callable[..., optax.GradientTransformation] = optimizers.make_optimizer
     loss: losses.Loss = losses.TokenCrossEntropy()
-    batch_size: int = 32
-    num_microbatches: int = 1
-    seed: int = 0
-    mesh_data: int = -1
-    mesh_model: int = 1
-    rules: partitioning.LogicalAxisRules = partitioning.LOGICAL_AXIS_RULES  # logical axis -> mesh axis
     # A Hugging Face T5.1.1 dir (config.json + safetensors), as the study, or a gr_jax model dir (e.g. continued
     # span-corruption pretraining on the corpus, see gr_jax.warm_start): the run's parameters start from it.
     init_checkpoint: Optional[str] = None
 
-    def build(self, *, keep_checkpoints: int = 3) -> Built:
-        """Reads the vocabulary and docid space, registers the tasks, builds model, mesh and trainer (no
-        parameter is allocated)."""
+    def generative_model(self) -> tuple[Any, Optional[DocidSpace], EncoderDecoderModel]:
+        """(vocabulary, docid space, model): reads the vocabulary and docid space, registers the tasks and builds the
+        model for them (no parameter is allocated)."""
         vocabulary = load_vocabulary(vocabulary_file(self.dataset))
         docid_space = self.dataset.docid_space()
         self.dataset.register(docid_space)
         model = build_model(config=self.network_config, loss=self.loss,
                             model_vocab_size=docid_space.model_vocab_size if docid_space else vocabulary.vocab_size,
                             docid_token_range=docid_space.docid_token_range if docid_space else None)
-        mesh, trainer, checkpointer = training_parts(self, model=model, keep_checkpoints=keep_checkpoints)
+        return vocabulary, docid_space, model
+
+    def build(self, *, keep_checkpoints: int = 3) -> Built:
+        """The model (`generative_model`), its mesh and trainer (no parameter is allocated)."""
+        vocabulary, docid_space, model = self.generative_model()
+        mesh, trainer, checkpointer = self.training_parts(model, keep_checkpoints=keep_checkpoints)
         return Built(experiment=self, vocabulary=vocabulary, docid_space=docid_space, model=model, mesh=mesh,
                      trainer=trainer, checkpointer=checkpointer)
 
 
-def training_parts(experiment: Any, *, model: Any, keep_checkpoints: int
-                   ) -> tuple[Any, Trainer, checkpoints.Checkpointer]:
-    """(mesh, trainer, checkpointer) of any experiment (generative or dense): its mesh, optimizer, learning rate,
-    batch and microbatches; inputs and targets of its dataset's lengths; checkpoints in `model_dir/checkpoints`."""
-    mesh = partitioning.make_mesh(data=experiment.mesh_data, model=experiment.mesh_model)
-    trainer = Trainer(model=model, optimizer=experiment.optimizer_factory(learning_rate=experiment.learning_rate),
-                      mesh=mesh, input_length=experiment.dataset.input_length,
-                      target_length=experiment.dataset.target_length, batch_size=experiment.batch_size,
-                      num_microbatches=experiment.num_microbatches, learning_rate_fn=experiment.learning_rate,
-                      rules=experiment.rules)
-    checkpointer = checkpoints.Checkpointer(RunDir.of(experiment.model_dir).checkpoints,
-                                            max_to_keep=keep_checkpoints)
-    return mesh, trainer, checkpointer
-
-
-class RetrievalSettings(Protocol):
-    """How a run's model ranks when it is evaluated or searched (`gr_jax.training.EvalConfig` is one): a retriever
-    reads the fields it needs. batch_size: queries at once; num_beams / constrained: a generative model's beam
-    search; depth: how many documents a ranking holds."""
-    batch_size: int
-    num_beams: int
-    constrained: bool
-
-    @property
-    def depth(self) -> int: ...
-
-
-class BuiltRun:
-    """What every built run has (a generative `Built`, a dense `gr_jax.dense.experiment.DenseBuilt`): its
-    checkpoints, and evaluators over its data. A subclass adds the model's own parts: `init_state` (a fresh state,
-    with pretrained weights where the run starts from some), `train_batches`, `tokens_per_batch`, `retriever` and
-    `collection_rows`."""
-
-    experiment: Any
-    trainer: Trainer
-    checkpointer: checkpoints.Checkpointer
-
-    def _checkpoint_step(self, step: Optional[int]) -> int:
-        """`step`, or the latest checkpoint's; a clear error when there is none."""
-        step = self.checkpointer.latest_step() if step is None else step
-        if step is None:
-            raise FileNotFoundError(f"no checkpoint in {self.checkpointer.directory}: train first "
-                                    f"(python -m gr_jax.train ... --gin.MODEL_DIR={self.experiment.model_dir})")
-        return step
-
-    def input_fingerprint(self) -> dict[str, str]:
-        """Digests of the inputs that give the parameters their meaning (e.g. the vocabulary file's bytes): saved
-        with every checkpoint and compared on restore, so a checkpoint is never read with a rebuilt vocabulary or
-        docid table. Runs without such inputs return {}."""
-        return {}
-
-    def check_inputs(self, saved: dict, *, where: str) -> None:
-        """Raises when the input fingerprint saved at `where` (a checkpoint's input state; older checkpoints have
-        none) disagrees with this run's: the checkpoint's token ids would mean other pieces or documents."""
-        current = self.input_fingerprint()
-        changed = [name for name, digest in saved.get("inputs", {}).items()
-                   if name in current and current[name] != digest]
-        if changed:
-            raise ValueError(f"{where}: the checkpoint was trained on other {' and '.join(changed)} than this run "
-                             f"reads (sha256 {[saved['inputs'][n][:12] for n in changed]} then, "
-                             f"{[current[n][:12] for n in changed]} now): the data dir was rebuilt since. Point the "
-                             "run at the original files (DatasetConfig.vocabulary_path, the docid table) or retrain")
-
-    def restore(self, step: Optional[int] = None):
-        """(state, input_state) of `step` (default: latest), after `check_inputs`."""
-        step = self._checkpoint_step(step)
-        state, input_state = self.checkpointer.restore(step, abstract_state=self.trainer.abstract_state)
-        self.check_inputs(input_state, where=str(self.checkpointer.directory / str(step)))
-        return state, input_state
-
-    def restore_params(self, step: Optional[int] = None) -> tuple[Any, int]:
-        """(params, step) of `step` (default: latest), without reading the optimizer state. A step that rotated
-        out of `checkpoints/` is read from `best/` when model selection kept it there. A damaged latest step is an
-        error, not a fallback: what is evaluated is the step asked for."""
-        latest = step is None
-        step = self._checkpoint_step(step)
-        checkpointer = self.checkpointer
-        if step not in checkpointer.all_steps():
-            best_dir = RunDir.of(self.experiment.model_dir).best
-            best = checkpoints.Checkpointer(best_dir, max_to_keep=1) if best_dir.is_dir() else None
-            if best is None or step not in best.all_steps():
-                raise FileNotFoundError(f"no checkpoint of step {step} in {checkpointer.directory} (it has "
-                                        f"{checkpointer.all_steps()}) or in {best_dir}")
-            checkpointer = best
-        self.check_inputs(checkpointer.input_state(step), where=str(checkpointer.directory / str(step)))
-        try:
-            return checkpointer.restore_params(step, abstract_params=self.trainer.abstract_state.params), step
-        except checkpoints.CheckpointDamagedError as e:
-            if not latest:
-                raise
-            raise checkpoints.CheckpointDamagedError(
-                e.directory, e.step, f"{e.detail}. It is the latest step; read another by naming it (the entry "
-                f"point's step setting, e.g. --gin.training.evaluate.step=N for gr_jax.eval; steps on disk: "
-                f"{checkpointer.all_steps()})") from None
-
-    def known_docids(self) -> Optional[Container[str]]:
-        """The documents this run can retrieve (for the qrels check of `evaluator`); None: not checked."""
-        return None
-
-    def retriever_kept_at(self, retriever: Any, *, step: int) -> Any:
-        """`retriever` (this run's `retriever(...)`) for the parameters of checkpoint `step`, keeping what it builds
-        from them in the run dir, where later commands on that checkpoint find it (a dense run: its corpus index,
-        `index/{step}`). Training's final evaluation ranks through it. Nothing is kept here."""
-        del step
-        return retriever
-
-    def evaluator(self, *, split: str, k: int, max_queries: Optional[int] = None,
-                  setting: str = EVAL_SPLIT_SETTING) -> RetrievalEvaluator:
-        """The split's queries (the first `max_queries`) and qrels (missing: an error naming `setting`, the option
-        that picks the split); judgements naming documents the run cannot retrieve, and judged queries the queries
-        file lacks, are counted in warnings."""
-        data = open_dataset(self.experiment.dataset.data_dir)
-        data.require_split(split, setting=setting)
-        queries = list(data.queries(split))
-        qrels = data.qrels(split)
-        data.check_judged_queries(split, qrels=qrels, qids={qid for qid, _ in queries})
-        if max_queries:
-            queries = queries[:max_queries]
-        known = self.known_docids()
-        if known is not None:
-            data.check_qrels(split, docids=known, qrels={qid: qrels[qid] for qid, _ in queries if qid in qrels})
-        return RetrievalEvaluator(queries=queries, qrels=qrels, k=k)
-
-
-class SampledBatchesRun(BuiltRun):
-    """A run whose training batches its own `batch_source` samples on the host (the dense and GDR runs:
-    `gr_jax.data.batches.sharded_batches`), and whose dataset knows its `tokens_per_example`."""
-
-    batch_source: Any
-
-    def train_batches(self, *, start_batch: int) -> Iterator[dict]:
-        """This process's rows of the global batches from `start_batch` on."""
-        return self.batch_source.batches(start_batch=start_batch, shard_index=jax.process_index(),
-                                         num_shards=jax.process_count())
-
-    @property
-    def tokens_per_batch(self) -> int:
-        return self.experiment.batch_size * self.experiment.dataset.tokens_per_example
-
-
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class Built(BuiltRun):
     """A generative Experiment's live objects."""
     experiment: Experiment
+    model: EncoderDecoderModel
     vocabulary: Any
     docid_space: Optional[DocidSpace]
-    model: EncoderDecoderModel
-    mesh: Any
-    trainer: Trainer
-    checkpointer: checkpoints.Checkpointer
 
     def input_fingerprint(self) -> dict[str, str]:
         """sha256 of the vocabulary file and of the docid table's token ids [docids, length] (computed once: every
@@ -359,7 +220,7 @@ class Built(BuiltRun):
             self.__dict__["_input_fingerprint"] = fingerprint
         return dict(fingerprint)
 
-    def init_state(self):
+    def init_state(self) -> TrainState:
         """A fresh train state, its parameters from `init_checkpoint` when set (a gr_jax run dir: warm start; else a
         Hugging Face T5.1.1 dir)."""
         experiment, trainer = self.experiment, self.trainer

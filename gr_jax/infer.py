@@ -14,6 +14,7 @@ from gr_jax import entry_point
 from gr_jax import evaluation
 from gr_jax import search
 from gr_jax.data.readers import read_queries
+from gr_jax.retrievers.settings import EvalConfig
 
 
 def main(argv=None) -> None:
@@ -30,7 +31,6 @@ def main(argv=None) -> None:
 
     def body() -> None:
         queries = list(read_queries(args.queries))
-        from gr_jax.training import EvalConfig
         settings = EvalConfig(num_beams=args.num_beams, constrained=not args.unconstrained,
                               batch_size=args.batch_size, ranking_depth=args.top_k)
         _, retriever = search.restore_retriever(args.model_dir, gin_args=rest, settings=settings,

@@ -19,8 +19,9 @@ import gin
 from gr_jax import entry_point
 from gr_jax import gin_utils
 from gr_jax.data.readers import DocumentLookup, open_dataset
-from gr_jax.experiment import BuiltRun, RetrievalSettings
+from gr_jax.family import BuiltRun
 from gr_jax.retrievers import Ranking, Retriever
+from gr_jax.retrievers.settings import EvalConfig, RetrievalSettings
 
 
 def restore_run(model_dir: str, *, gin_args: Sequence[str] = ()) -> BuiltRun:
@@ -33,7 +34,7 @@ def restore_run(model_dir: str, *, gin_args: Sequence[str] = ()) -> BuiltRun:
 def restore_retriever(model_dir: str, *, gin_args: Sequence[str] = (), settings: RetrievalSettings,
                       step: Optional[int] = None, show_progress: bool = False) -> tuple[BuiltRun, Retriever]:
     """The run of `model_dir` and its checkpoint (latest, or `step`) as a retriever ranking as `settings` say
-    (`gr_jax.training.EvalConfig`: batch_size, ranking depth, and for a generative model num_beams and
+    (`gr_jax.retrievers.settings.EvalConfig`: batch_size, ranking depth, and for a generative model num_beams and
     constrained)."""
     built = restore_run(model_dir, gin_args=gin_args)
     params, step = built.restore_params(step)
@@ -84,7 +85,6 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     entry_point.setup()
 
     def body() -> None:
-        from gr_jax.training import EvalConfig
         settings = EvalConfig(num_beams=args.num_beams, constrained=not args.unconstrained,
                               batch_size=8 if args.queries else 1, ranking_depth=args.top_k)
         built, retriever = restore_retriever(args.model_dir, gin_args=rest, settings=settings)

@@ -15,7 +15,7 @@ import logging
 import pathlib
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Optional, Protocol
+from typing import Any, Optional
 
 import jax
 import numpy as np
@@ -26,91 +26,15 @@ from gr_jax import logs
 from gr_jax import metric_writers
 from gr_jax import metrics as metrics_lib
 from gr_jax import partitioning
-from gr_jax.actions import (Action, EvaluateRetrieval, SaveCheckpoint, SelectModel, StopOnNonFiniteLoss,
-                            TrainingProgress, TrainingRun, WriteTrainMetrics)
-from gr_jax.data.readers import EVAL_SPLIT_SETTING
+from gr_jax.actions import (Action, SaveCheckpoint, StopOnNonFiniteLoss, TrainingProgress, TrainingRun,
+                            WriteTrainMetrics, evaluation_actions)
 from gr_jax.evaluation import write_trec_run
-from gr_jax.evaluator import RetrievalEvaluator
-from gr_jax.experiment import BuiltRun
-from gr_jax.retrievers import Retriever
+from gr_jax.family import BuiltRun, ModelFamily, TrainingSetup
+# gin names the retrieval settings `training.EvalConfig` (the gin files, every run's config.gin): one class, two names.
+from gr_jax.retrievers.settings import EvalConfig
 from gr_jax.run_dir import RunDir, write_json
 
 logger = logging.getLogger(__name__)
-
-
-class RunExperiment(Protocol):
-    """What `train` and `evaluate` run: a generative `gr_jax.experiment.Experiment` or a dense
-    `gr_jax.dense.experiment.DenseExperiment` (gin: the `EXPERIMENT` macro of runs/train.gin, dense/train.gin)."""
-    model_dir: str
-    seed: int
-    batch_size: int
-
-    def build(self, *, keep_checkpoints: int = 3) -> BuiltRun: ...
-
-
-@dataclasses.dataclass(frozen=True)
-class EvalConfig:
-    """Retrieval evaluation during training: every_steps > 0 periodically, 0 only at the end, -1 never.
-
-    num_beams: the beams of a generative model's search; ranking_depth: how many documents each ranking holds (the
-    metrics' and TREC runs' `depth`; None: num_beams, since a beam search ranks as deep as its beams); batch_size:
-    queries ranked at once; constrained: decode through the docid trie; max_queries: rank only the split's first
-    queries. A dense retriever reads batch_size and depth only.
-
-    Model selection (early stopping on a held-out metric): with `select_split`, the periodic evaluations and
-    one at the last step rank that split instead of the eval split; the state with the best `select_metric`
-    is kept in `model_dir/best/`, training stops after `patience` evaluations without improvement (None:
-    never), and the final evaluation ranks the eval split with that best state. Select on a split other than
-    the one you report (e.g. WordNet's `valid`: definitions of documents without a training query).
-    """
-    every_steps: int = 0
-    num_beams: int = 40
-    constrained: bool = True
-    batch_size: int = 32
-    max_queries: Optional[int] = None
-    ranking_depth: Optional[int] = None
-    select_split: Optional[str] = None
-    select_metric: str = "MRR@10"
-    patience: Optional[int] = None
-
-    def __post_init__(self):
-        if self.select_split is not None and self.every_steps <= 0:
-            raise ValueError(f"select_split={self.select_split!r} needs periodic evaluation (every_steps > 0), "
-                             f"got every_steps={self.every_steps}")
-        if self.patience is not None and (self.select_split is None or self.patience < 1):
-            raise ValueError(f"patience={self.patience} needs a select_split and must be >= 1")
-        if self.ranking_depth is not None and self.ranking_depth < 1:
-            raise ValueError(f"ranking_depth must be >= 1 or None, got {self.ranking_depth}")
-
-    @property
-    def depth(self) -> int:
-        return self.ranking_depth or self.num_beams
-
-    def retriever(self, built: BuiltRun, params: Any = None, *, show_progress: bool = False) -> Retriever:
-        """The run's model as a retriever with these settings (`Built.retriever`)."""
-        return built.retriever(params, settings=self, show_progress=show_progress)
-
-    def evaluator(self, built: BuiltRun, split: str, *, setting: str = EVAL_SPLIT_SETTING) -> RetrievalEvaluator:
-        """The split's first `max_queries` queries, ranked `depth` deep (`setting`: what picks the split)."""
-        return built.evaluator(split=split, k=self.depth, max_queries=self.max_queries, setting=setting)
-
-    def actions(self, built: BuiltRun, *, show_progress: bool = False) -> list[Action]:
-        """The evaluation actions of a run: none, the eval split's, or model selection and the final evaluation,
-        sharing one retriever (one trie, one compiled decoding)."""
-        if self.every_steps < 0:
-            return []
-        retriever = self.retriever(built, show_progress=show_progress)
-        split = built.experiment.dataset.eval_split
-        final = EvaluateRetrieval(retriever=retriever, evaluator=self.evaluator(built, split), split=split,
-                                  every_steps=0 if self.select_split else self.every_steps,
-                                  kept_at=built.retriever_kept_at)
-        if self.select_split is None:
-            return [final]
-        select = SelectModel(retriever=retriever, evaluator=self.evaluator(
-                                 built, self.select_split, setting="--gin.training.EvalConfig.select_split"),
-                             split=self.select_split, metric=self.select_metric, every_steps=self.every_steps,
-                             patience=self.patience)
-        return [select, final]
 
 
 def initial_state(built: BuiltRun) -> tuple[Any, int, Optional[int]]:
@@ -127,7 +51,7 @@ def initial_state(built: BuiltRun) -> tuple[Any, int, Optional[int]]:
     return state, start_batch, latest if same_batches else None
 
 
-def resume_position(input_state: Mapping[str, Any], *, experiment: RunExperiment, where: str) -> tuple[int, bool]:
+def resume_position(input_state: Mapping[str, Any], *, experiment: TrainingSetup, where: str) -> tuple[int, bool]:
     """(the batch this run resumes at, whether the saved input iterator state applies) from a checkpoint's input
     state: never a position that is not where the saved run stopped. Another seed is another example stream, with
     no such position: an error. Another global batch size resumes at the same example (re-reading the input, with a
@@ -207,7 +131,7 @@ def training_loop(*, run: TrainingRun, state: Any, num_train_steps: int, actions
     built, experiment = run.built, run.built.experiment
     batches = built.train_batches(start_batch=run.start_batch)
     restore_input(run, batches)
-    run.batches = batches
+    run = dataclasses.replace(run, batches=batches)  # what the actions read: the input whose state checkpoints save
     record = None
     if record_examples:
         path = run.run_dir.examples_record(process=jax.process_index(), count=jax.process_count())
@@ -269,10 +193,13 @@ def training_loop(*, run: TrainingRun, state: Any, num_train_steps: int, actions
         bar.close()
         built.checkpointer.wait_until_finished()
         run.writer.flush()
-    return state, run.report
+    report: dict[str, float] = {}
+    for action in actions:  # what each action found, after every action ended
+        report.update(action.report())
+    return state, report
 
 
-def train(*, experiment: RunExperiment, num_train_steps: int, checkpoint_every_steps: int = 1000,
+def train(*, experiment: ModelFamily, num_train_steps: int, checkpoint_every_steps: int = 1000,
           checkpoint_every_seconds: Optional[float] = 300.0,
           keep_checkpoints: int = 3, log_every_steps: int = 50, eval_config: EvalConfig = EvalConfig(),
           actions: Sequence[Action] = (), gin_config_str: str = "", progress: bool = True,
@@ -305,13 +232,13 @@ def train(*, experiment: RunExperiment, num_train_steps: int, checkpoint_every_s
                       gin_config_str=gin_config_str, progress=progress, record_examples=record_examples)
 
 
-def _train(*, experiment: RunExperiment, run_dir: RunDir, log: pathlib.Path, num_train_steps: int,
+def _train(*, experiment: ModelFamily, run_dir: RunDir, log: pathlib.Path, num_train_steps: int,
            checkpoint_every_steps: int, checkpoint_every_seconds: Optional[float], keep_checkpoints: int,
            log_every_steps: int, eval_config: EvalConfig,
            actions: Sequence[Action], gin_config_str: str, progress: bool, record_examples: bool) -> dict[str, float]:
     built = experiment.build(keep_checkpoints=keep_checkpoints)
     logger.info("model: %s parameters; the full log is in %s", f"{built.trainer.param_count():,}", log)
-    logger.info("model: %s", built.model.config, extra=logs.FILE_ONLY)
+    logger.info("model: %s", getattr(built.model, "config", built.model), extra=logs.FILE_ONLY)
     if gin_config_str and partitioning.is_primary_process():
         run_dir.config.write_text(gin_config_str)
     state, start_batch, input_checkpoint = initial_state(built)
@@ -322,7 +249,7 @@ def _train(*, experiment: RunExperiment, run_dir: RunDir, log: pathlib.Path, num
         run.writer.write_texts(0, {"config": gin_config_str})
     all_actions = [StopOnNonFiniteLoss(), WriteTrainMetrics(),
                    SaveCheckpoint(every_steps=checkpoint_every_steps, every_seconds=checkpoint_every_seconds),
-                   *eval_config.actions(built, show_progress=progress), *actions]
+                   *evaluation_actions(eval_config, built, show_progress=progress), *actions]
     _, report = training_loop(run=run, state=state, num_train_steps=num_train_steps, actions=all_actions,
                               report_every_steps=log_every_steps, progress=progress, record_examples=record_examples)
     if partitioning.is_primary_process():
@@ -332,7 +259,7 @@ def _train(*, experiment: RunExperiment, run_dir: RunDir, log: pathlib.Path, num
     return report
 
 
-def evaluate(*, experiment: RunExperiment, eval_config: EvalConfig = EvalConfig(), step: Optional[int] = None,
+def evaluate(*, experiment: ModelFamily, eval_config: EvalConfig = EvalConfig(), step: Optional[int] = None,
              progress: bool = True) -> dict[str, float]:
     """Evaluates a checkpoint on the run's eval split (gin: EVAL_SPLIT); writes `run.{split}.{step}.trec` and
     `eval.{split}.{step}.json`."""
@@ -341,7 +268,8 @@ def evaluate(*, experiment: RunExperiment, eval_config: EvalConfig = EvalConfig(
     run_dir = RunDir.of(experiment.model_dir)
     with logs.run_log(run_dir.log(jax.process_index())):  # a run's directory: it has a checkpoint
         split = experiment.dataset.eval_split
-        metrics, run = eval_config.evaluator(built, split).evaluate(
+        evaluator = built.evaluator(split=split, k=eval_config.depth, max_queries=eval_config.max_queries)
+        metrics, run = evaluator.evaluate(
             built.retriever(params, settings=eval_config, show_progress=progress, step=step))
         if partitioning.is_primary_process():
             write_trec_run(run_dir.trec_run(split, step), run, tag=f"gr_jax-{step}")

@@ -1,5 +1,6 @@
 """The training loop's periodic actions, each on its own (fake checkpointer, writer and retriever), and the flat loop
 with an action plugged in from outside."""
+import dataclasses
 import json
 import math
 import types
@@ -94,7 +95,7 @@ def test_write_train_metrics_writes_every_report_and_keeps_the_last(tmp_path):
     writer(run, _progress(4, summary={"loss": 2.5, "token_accuracy": 0.25}))
     writer(run, _progress(5, summary={}))  # nothing accumulated since the last report: nothing written
     assert run.writer.scalars == {2: {"train/loss": 3.0}, 4: {"train/loss": 2.5, "train/token_accuracy": 0.25}}
-    assert run.report == {"train/loss": 2.5, "train/token_accuracy": 0.25}
+    assert writer.report() == {"train/loss": 2.5, "train/token_accuracy": 0.25}
 
 
 def test_save_checkpoint_every_n_steps_at_the_last_and_where_training_stopped(tmp_path):
@@ -133,8 +134,7 @@ class CountingBatches:
 
 
 def test_save_checkpoint_hands_a_checkpointable_input_over_at_the_step_position(tmp_path):
-    run = _run(tmp_path, start_step=10, start_batch=30)
-    run.batches = CountingBatches(30)
+    run = dataclasses.replace(_run(tmp_path, start_step=10, start_batch=30), batches=CountingBatches(30))
     save = actions.SaveCheckpoint(every_steps=2)
     for _ in range(2):
         next(run.batches)
@@ -153,17 +153,18 @@ QRELS = {"q1": {"d2": 1}, "q2": {"d3": 1}}
 
 def test_evaluate_retrieval_periodically_and_at_the_end_with_the_reported_params(tmp_path):
     run = _run(tmp_path)
+    chosen = {}  # the state the final evaluation reports, once an action chose one (model selection)
     evaluate = actions.EvaluateRetrieval(retriever=ScoreTableRetriever(),
                                          evaluator=RetrievalEvaluator(queries=QUERIES, qrels=QRELS, k=3),
-                                         split="dev", every_steps=5)
+                                         split="dev", every_steps=5, reported=lambda run: chosen.get("state"))
     assert [s for s in range(1, 16) if evaluate.due(s, last=s == 15)] == [5, 10]  # the last step is `end`'s
     evaluate(run, _progress(5, params={"d1": 3.0, "d2": 2.0, "d3": 1.0}))
-    assert run.report["eval/MRR@10"] == pytest.approx((1 / 2 + 1 / 3) / 2)
-    assert run.writer.scalars[5]["eval/MRR@10"] == run.report["eval/MRR@10"]
+    assert evaluate.report()["eval/MRR@10"] == pytest.approx((1 / 2 + 1 / 3) / 2)
+    assert run.writer.scalars[5]["eval/MRR@10"] == evaluate.report()["eval/MRR@10"]
     assert (tmp_path / "run.dev.5.trec").read_text().splitlines()[0] == "q1 Q0 d1 1 3.0 gr_jax-5"
-    run.reported_params = (8, {"d2": 1.0, "d3": 0.5})  # e.g. model selection's best state
+    chosen["state"] = (8, {"d2": 1.0, "d3": 0.5})  # e.g. model selection's best state
     evaluate.end(run, _progress(15, params={"d1": 3.0, "d2": 2.0, "d3": 1.0}))
-    assert run.report["eval/MRR@10"] == pytest.approx((1 + 1 / 2) / 2) and (tmp_path / "run.dev.8.trec").exists()
+    assert evaluate.report()["eval/MRR@10"] == pytest.approx((1 + 1 / 2) / 2) and (tmp_path / "run.dev.8.trec").exists()
     assert not actions.EvaluateRetrieval(retriever=None, evaluator=None, split="dev", every_steps=0).due(
         5, last=False)
 
@@ -198,12 +199,42 @@ def test_select_model_keeps_the_best_stops_on_patience_and_resumes_stopped(tmp_p
     saved = json.loads((tmp_path / "selection.json").read_text())
     assert (saved["best_step"], saved["stopped"], [s for s, _ in saved["history"]]) == (4, True, [2, 4, 6, 8])
     action.end(run, _progress(8, params=worse))
-    assert run.reported_params == (4, good)
-    assert run.report["select/best_step"] == 4 and run.report["select/stopped_at"] == 8
+    assert action.best_state(run) == (4, good)
+    assert action.report()["select/best_step"] == 4 and action.report()["select/stopped_at"] == 8
     # A run resumed from its step-8 checkpoint has nothing left to train.
     assert select().start(_run(tmp_path, start_step=8)) is True
     with pytest.raises(ValueError, match="needs periodic evaluation"):
         actions.SelectModel(retriever=None, evaluator=None, split="valid", metric="MRR@10", every_steps=0)
+
+
+@pytest.mark.parametrize("order", ["select_first", "final_first"])
+def test_the_final_evaluation_ranks_with_the_selected_state_whatever_the_actions_order(tmp_path, monkeypatch, order):
+    """Actions share nothing mutable: the final evaluation asks model selection for its best state, so the list
+    [select, final] and [final, select] end alike; each reports what it found."""
+
+    class BestCheckpointer(FakeCheckpointer):
+        def restore_params(self, step, *, abstract_params):
+            return self.saved[step]["state"].params
+
+    monkeypatch.setattr(actions.checkpoints, "Checkpointer", lambda *args, **kwargs: BestCheckpointer())
+    run = _run(tmp_path)
+    evaluator = RetrievalEvaluator(queries=QUERIES, qrels=QRELS, k=3)
+    select = actions.SelectModel(retriever=ScoreTableRetriever(), evaluator=evaluator, split="valid",
+                                 metric="MRR@10", every_steps=2)
+    final = actions.EvaluateRetrieval(retriever=ScoreTableRetriever(), evaluator=evaluator, split="dev",
+                                      reported=select.best_state)
+    listed = [select, final] if order == "select_first" else [final, select]
+    good, worse = {"d2": 2.0, "d3": 1.0, "d1": 0.0}, {"d1": 3.0, "d2": 2.0, "d3": 1.0}
+    for action in listed:
+        action.start(run)
+    select(run, _progress(2, params=good))
+    select(run, _progress(4, params=worse))
+    for action in listed:
+        action.end(run, _progress(4, params=worse))
+    assert final.report()["eval/MRR@10"] == pytest.approx((1 + 1 / 2) / 2)  # the step-2 state's ranking
+    assert (tmp_path / "run.dev.2.trec").exists() and not (tmp_path / "run.dev.4.trec").exists()
+    assert select.report() == {"select/best_step": 2, "select/best_MRR@10": pytest.approx(0.75),
+                               "select/stopped_at": 4}
 
 
 class StopAt(actions.Action):

@@ -16,7 +16,7 @@ from jax.sharding import PartitionSpec as P
 
 from gr_jax import checkpoints, partitioning
 from gr_jax.checkpoints import MANIFEST, STATE_ITEM, CheckpointDamagedError, Checkpointer
-from gr_jax.experiment import BuiltRun
+from gr_jax.family import BuiltRun
 from gr_jax.trainer import TrainState
 
 STEPS = (1, 2, 3)
@@ -87,6 +87,11 @@ class _Run(BuiltRun):
 
     def init_state(self):
         raise AssertionError("a run with an intact checkpoint must not start afresh")
+
+    def train_batches(self, *, start_batch):
+        raise AssertionError("not read by resuming and evaluating")
+
+    tokens_per_batch = retriever = collection_rows = train_batches
 
 
 def test_intact_steps_verify_and_restoring_changes_no_file(tmp_path, mesh):

@@ -152,3 +152,38 @@ def test_ngram_gin_binds_an_ngram_experiment():
     assert experiment.network_config.emb_dim == 256 and experiment.batch_size == 32  # study_cpu's tiny
     eval_config = gin.query_parameter("training.train.eval_config").scoped_configurable_fn()
     assert (eval_config.num_beams, eval_config.depth) == (20, 100)  # 20 spans generated, 100 documents ranked
+
+
+@pytest.mark.parametrize("family", ["generative", "dense", "gdr"])
+def test_a_runs_config_gin_written_before_the_families_shared_one_setup_still_reads(family, fixtures_dir, tmp_path):
+    """A run dir's config.gin of the code before (tests/fixtures/config_gin/README.md) binds the families' own
+    names (`experiment.Experiment.num_microbatches`, `dense.experiment.DenseExperiment.seed`, `training.EvalConfig`):
+    read back as eval, infer and search read it, with a user's override on top, it gives the experiment and settings
+    it gave then."""
+    from gr_jax import training
+    from gr_jax.dense.experiment import DenseExperiment
+    from gr_jax.family import ModelFamily
+    from gr_jax.gdr.experiment import GdrExperiment
+    from gr_jax.retrievers.settings import EvalConfig
+    (tmp_path / "config.gin").write_text((fixtures_dir / "config_gin" / f"{family}.gin").read_text())
+    gin_utils.parse_run_config(tmp_path, gin_args=["--gin.training.EvalConfig.batch_size=8"], missing="")
+    experiment = gin.query_parameter("%EXPERIMENT").scoped_configurable_fn()
+    settings = gin.get_configurable(training.EvalConfig)()
+    assert isinstance(experiment, ModelFamily) and type(settings) is EvalConfig and settings.batch_size == 8
+    assert (experiment.model_dir, experiment.dataset.data_dir, experiment.dataset.eval_split) == ("RUN", "DATA", "dev")
+    assert experiment.learning_rate(10**6) == pytest.approx(1e-3 if family != "dense" else 2e-5)
+    if family == "generative":
+        assert type(experiment) is experiment_lib.Experiment
+        assert (experiment.batch_size, experiment.num_microbatches, experiment.seed) == (32, 2, 0)
+        assert (experiment.dataset.docid_scheme, experiment.network_config.emb_dim) == ("naive", 256)
+        assert (settings.num_beams, settings.constrained, settings.depth) == (20, True, 20)
+    elif family == "dense":
+        assert type(experiment) is DenseExperiment
+        assert (experiment.batch_size, experiment.num_microbatches, experiment.seed) == (32, 1, 3)
+        assert (experiment.dataset.input_length, experiment.dataset.target_length) == (32, 256)  # minilm.gin
+        assert experiment.model.temperature == 0.05 and settings.depth == 100
+    else:
+        assert type(experiment) is GdrExperiment
+        assert (experiment.mesh_model, experiment.query_tower_from_document_encoder) == (1, True)
+        assert (experiment.dataset.index_dir, experiment.network_config.emb_dim) == ("INDEX", 256)
+        assert (settings.num_beams, settings.depth) == (10, 100)

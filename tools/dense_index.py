@@ -26,8 +26,8 @@ def build(*, model_dir: str, step: Optional[int], factory: str, nprobe: Optional
     from gr_jax.data.readers import open_dataset
     from gr_jax.dense.experiment import DenseBuilt
     from gr_jax.dense.model import QUERY
+    from gr_jax.retrievers.settings import EvalConfig
     from gr_jax.search import restore_run
-    from gr_jax.training import EvalConfig
     bindings = [f"--gin.INDEX_FACTORY={factory!r}", f"--gin.index.IndexConfig.nprobe={nprobe}",
                 f"--gin.index.IndexConfig.ef_search={ef_search}", f"--gin.index.IndexConfig.recall_k={recall_k}"]
     built = restore_run(model_dir, gin_args=[*bindings, *gin_args])

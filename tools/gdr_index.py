@@ -74,8 +74,8 @@ def document_encoder(encoder: dict, *, where: str):
     from gr_jax.data.readers import DataFormatError
     from gr_jax.dense.experiment import DenseBuilt
     from gr_jax.retrievers.dense import DocumentEncoder
+    from gr_jax.retrievers.settings import EvalConfig
     from gr_jax.search import restore_run
-    from gr_jax.training import EvalConfig
     if not encoder.get("model_dir"):
         raise DataFormatError(f"{where}: the index names no document encoder (its manifest has no encoder)")
     built = restore_run(encoder["model_dir"])

@@ -31,6 +31,7 @@ from gr_jax import partitioning
 from gr_jax.actions import Action
 from gr_jax.dense.index import CorpusIndex
 from gr_jax.dense.model import DOCUMENT, QUERY
+from gr_jax.retrievers.settings import EvalConfig
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +48,7 @@ class NormaliserGap(Action):
         self.corpus_sample = corpus_sample
         self.seed = seed
         self.batch_size = batch_size
+        self.found: dict[str, float] = {}
 
     def start(self, run):
         built = run.built
@@ -58,7 +60,6 @@ class NormaliserGap(Action):
         if self.corpus_sample is not None and self.corpus_sample < len(built.corpus):
             self._rows = np.sort(np.random.default_rng(self.seed).choice(len(built.corpus), self.corpus_sample,
                                                                          replace=False))
-        from gr_jax.training import EvalConfig
         self._retriever = built.retriever(None, settings=EvalConfig(batch_size=self.batch_size))
         model, trainer = built.model, built.trainer
 
@@ -97,7 +98,10 @@ class NormaliserGap(Action):
     def __call__(self, run, progress):
         values = self.measure(run, progress.state.params)
         run.writer.write_scalars(progress.step, {f"calibration/{k}": v for k, v in values.items()})
-        run.report.update({f"calibration/{k}": v for k, v in values.items()})
+        self.found.update({f"calibration/{k}": v for k, v in values.items()})
         logger.info("step %d normaliser gap: %s", progress.step, values)
         return False
+
+    def report(self):
+        return dict(self.found)
 

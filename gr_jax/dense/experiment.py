@@ -1,8 +1,9 @@
-"""What a dense run is (a dual encoder, its data, optimizer, batch, mesh and corpus index) and its live objects.
+"""The dense family: a dual encoder, its data and corpus index (the training setup: `gr_jax.family`), and its live
+objects.
 
-The generative `gr_jax.experiment.Experiment`'s counterpart: `build()` gives a `DenseBuilt`, which the same
-training loop, checkpoints, evaluation actions and entry points (`gr_jax.train`, `gr_jax.eval`, `gr_jax.infer`,
-`gr-jax search`) use through `gr_jax.experiment.BuiltRun`. gin: `gin_configs/dense/*.gin` bind `EXPERIMENT` to one.
+`build()` gives a `DenseBuilt`, which the same training loop, checkpoints, evaluation actions and entry points
+(`gr_jax.train`, `gr_jax.eval`, `gr_jax.infer`, `gr-jax search`) use through `gr_jax.family.BuiltRun`. gin:
+`gin_configs/dense/*.gin` bind `EXPERIMENT` to one.
 """
 from __future__ import annotations
 
@@ -10,62 +11,48 @@ import dataclasses
 import functools
 import hashlib
 import pathlib
-from collections.abc import Callable, Container, Sequence
+from collections.abc import Container, Sequence
 from typing import Any, Optional
 
 import jax
 import numpy as np
-import optax
 
-from gr_jax import checkpoints
-from gr_jax import optimizers
-from gr_jax import partitioning
 from gr_jax.data.readers import open_dataset
 from gr_jax.dense import data as dense_data
 from gr_jax.dense import losses as dense_losses
 from gr_jax.dense.index import IndexConfig
 from gr_jax.dense.model import DualEncoderConfig, DualEncoderModel
-from gr_jax.experiment import RetrievalSettings, SampledBatchesRun, training_parts
+from gr_jax.family import ModelFamily, SampledBatchesRun
 from gr_jax.retrievers.dense import DenseRetriever
+from gr_jax.retrievers.settings import RetrievalSettings
 from gr_jax.run_dir import RunDir
-from gr_jax.trainer import Trainer
+from gr_jax.trainer import TrainState
 
 
-@dataclasses.dataclass(frozen=True)
-class DenseExperiment:
-    """A dual-encoder run: `model` trained on `dataset`'s training pairs with `loss`; `index` is how its corpus
-    index is built for evaluation and search (faiss exact inner product by default)."""
-    model_dir: str
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DenseExperiment(ModelFamily):
+    """A dual-encoder run: `model` trained on `dataset`'s training pairs with `loss` (the training setup:
+    `ModelFamily`); `index` is how its corpus index is built for evaluation and search (faiss exact inner product by
+    default)."""
     dataset: dense_data.DenseData
     model: DualEncoderConfig
-    learning_rate: optax.Schedule
-    optimizer_factory: Callable[..., optax.GradientTransformation] = optimizers.make_optimizer
     loss: dense_losses.DenseLoss = dense_losses.SampledSoftmax()
-    batch_size: int = 32
-    num_microbatches: int = 1
-    seed: int = 0
-    mesh_data: int = -1
-    mesh_model: int = 1
-    rules: partitioning.LogicalAxisRules = partitioning.LOGICAL_AXIS_RULES  # logical axis -> mesh axis
     index: IndexConfig = IndexConfig()
 
     def build(self, *, keep_checkpoints: int = 3) -> DenseBuilt:
         """Builds model, mesh and trainer (no parameter is allocated; the corpus is read when first needed)."""
         config = dataclasses.replace(self.model, tower=self.model.tower.for_data(data_dir=self.dataset.data_dir))
         model = DualEncoderModel(config=config, loss=self.loss)
-        mesh, trainer, checkpointer = training_parts(self, model=model, keep_checkpoints=keep_checkpoints)
+        mesh, trainer, checkpointer = self.training_parts(model, keep_checkpoints=keep_checkpoints)
         return DenseBuilt(experiment=self, model=model, mesh=mesh, trainer=trainer, checkpointer=checkpointer,
                           tokenizer=config.tower.tokenizer(data_dir=self.dataset.data_dir))
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class DenseBuilt(SampledBatchesRun):
     """A DenseExperiment's live objects."""
     experiment: DenseExperiment
     model: DualEncoderModel
-    mesh: Any
-    trainer: Trainer
-    checkpointer: checkpoints.Checkpointer
     tokenizer: dense_data.Tokenizer
 
     @functools.cached_property
@@ -73,7 +60,7 @@ class DenseBuilt(SampledBatchesRun):
         """The collection's docids and texts by row, read once per run."""
         return dense_data.CorpusDocuments(open_dataset(self.experiment.dataset.data_dir))
 
-    def init_state(self):
+    def init_state(self) -> TrainState:
         """A fresh train state whose towers hold their pretrained weights (MiniLM's; a T5 checkpoint's)."""
         state = self.trainer.init_state(jax.random.PRNGKey(self.experiment.seed))
         return state.replace(params=self.model.load_tower_params(
@@ -87,6 +74,10 @@ class DenseBuilt(SampledBatchesRun):
             data=experiment.dataset, corpus=self.corpus,
             pairs=dense_data.training_pairs(data=experiment.dataset, corpus=self.corpus), tokenizer=self.tokenizer,
             batch_size=experiment.batch_size, seed=experiment.seed)
+
+    @property
+    def tokens_per_batch(self) -> int:
+        return self.experiment.batch_size * self.experiment.dataset.tokens_per_example
 
     def fingerprint(self, step: Optional[int]) -> dict:
         """What identifies this encoder in a corpus index's manifest."""

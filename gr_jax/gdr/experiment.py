@@ -1,9 +1,9 @@
 """What a GDR run is (the generative cluster decoder, its query encoder, the clustered index it ranks, its data,
 optimizer, batch and mesh) and its live objects.
 
-The counterpart of `gr_jax.experiment.Experiment` and `gr_jax.dense.experiment.DenseExperiment`: `build()` gives a
-`GdrBuilt`, which the same training loop, checkpoints, evaluation actions and entry points (`gr_jax.train`,
-`gr_jax.eval`, `gr_jax.infer`, `gr-jax search`) use through `gr_jax.experiment.BuiltRun`. gin: `gin_configs/gdr/`.
+A model family (`gr_jax.family`) beside the generative and dense ones: `build()` gives a `GdrBuilt`, which the same
+training loop, checkpoints, evaluation actions and entry points (`gr_jax.train`, `gr_jax.eval`, `gr_jax.infer`,
+`gr-jax search`) use through `gr_jax.family.BuiltRun`. gin: `gin_configs/gdr/`.
 
 The document vectors are frozen: they are the clustered index's (`gr_jax.gdr.index`), made by a dense run's
 document encoder. A run records that encoder's fingerprint (`model_dir/document_encoder.json`) when it starts, and
@@ -25,27 +25,28 @@ from flax import traverse_util
 from gr_jax import checkpoints
 from gr_jax import network
 from gr_jax import optimizers
-from gr_jax import partitioning
 from gr_jax.data.readers import DataFormatError, open_dataset
 from gr_jax.dense.towers import SentencePieceTokenizer, Tokenizer, Tower
 from gr_jax.docids import DocidSpace
 from gr_jax.docids.schemes.semantic import digit_token_ids
-from gr_jax.experiment import RetrievalSettings, SampledBatchesRun, training_parts
+from gr_jax.experiment import build_model
+from gr_jax.family import ModelFamily, SampledBatchesRun
 from gr_jax.gdr.clusters import cluster_id_table
 from gr_jax.gdr.data import GdrBatchSource, GdrData, training_examples
 from gr_jax.gdr.index import ClusteredIndex
 from gr_jax.gdr.losses import GdrLoss
 from gr_jax.gdr.model import GdrModel
 from gr_jax.retrievers.gdr import GdrRetriever
+from gr_jax.retrievers.settings import RetrievalSettings
 from gr_jax.run_dir import RunDir
-from gr_jax.trainer import Trainer
+from gr_jax.trainer import TrainState
 from gr_jax.vocabulary import load_vocabulary, vocabulary_file
 
 CLUSTER_SCHEME = "gdr_clusters"
 
 
-@dataclasses.dataclass(frozen=True)
-class GdrExperiment:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GdrExperiment(ModelFamily):
     """A GDR run (see the module docstring).
 
     network_config: the T5.1.1 of the cluster decoder (size gin; `decoder_head` standard or pawa) and, when
@@ -54,24 +55,16 @@ class GdrExperiment:
     of the dense run that encoded the documents (its query tower at the index's step); train_query_tower=False
     keeps them as loaded (no backward pass through the tower, its updates zeroed: the cheap setting of `make demo`).
     temperature: tau of S_intra; cluster_weight: the weight of log p(cluster | q) in the retriever's combined score.
+    The training setup: `ModelFamily`.
     """
-    model_dir: str
     dataset: GdrData
     network_config: network.T5Config
-    learning_rate: optax.Schedule
     query_tower: Optional[Tower] = None
     query_tower_from_document_encoder: bool = False
     train_query_tower: bool = True
     temperature: float = 0.05
     cluster_weight: float = 0.0
-    optimizer_factory: Callable[..., optax.GradientTransformation] = optimizers.make_optimizer
     loss: GdrLoss = GdrLoss()
-    batch_size: int = 32
-    num_microbatches: int = 1
-    seed: int = 0
-    mesh_data: int = -1
-    mesh_model: int = 1
-    rules: partitioning.LogicalAxisRules = partitioning.LOGICAL_AXIS_RULES  # logical axis -> mesh axis
 
     def __post_init__(self):
         if self.query_tower_from_document_encoder and self.query_tower is None:
@@ -88,19 +81,16 @@ class GdrExperiment:
         table = cluster_id_table(index.clusters, digit_tokens=digit_token_ids(vocabulary))
         table.check_fits(dataset.target_length)
         space = DocidSpace.from_table(table, scheme=CLUSTER_SCHEME, text_vocab_size=vocabulary.vocab_size)
-        config = self.network_config.head.with_docid_range(self.network_config, space.docid_token_range)
-        if config.vocab_size is None:
-            config = config.with_vocab_size(space.model_vocab_size)
-        elif config.vocab_size < space.model_vocab_size:
-            raise ValueError(f"T5Config.vocab_size={config.vocab_size} is smaller than the {space.model_vocab_size} "
-                             "token ids the vocabulary and cluster ids need")
+        # The cluster decoder is a generative model's network, sized as one (its head's docid range, its vocabulary).
+        config = build_model(config=self.network_config, model_vocab_size=space.model_vocab_size,
+                             docid_token_range=space.docid_token_range).config
         tower = self.query_tower.for_data(data_dir=dataset.data_dir) if self.query_tower is not None else None
         model = GdrModel(config=config, query_tower=tower, document_dim=index.dim, temperature=self.temperature,
                          gdr_loss=self.loss, train_query_tower=self.train_query_tower)
-        experiment = self
-        if tower is not None and not self.train_query_tower:  # no update (nor weight decay) reaches the tower
-            experiment = dataclasses.replace(self, optimizer_factory=_frozen_tower(self.optimizer_factory))
-        mesh, trainer, checkpointer = training_parts(experiment, model=model, keep_checkpoints=keep_checkpoints)
+        frozen = tower is not None and not self.train_query_tower  # no update (nor weight decay) reaches the tower
+        mesh, trainer, checkpointer = self.training_parts(
+            model, keep_checkpoints=keep_checkpoints,
+            optimizer_factory=_frozen_tower(self.optimizer_factory) if frozen else None)
         tokenizer = tower.tokenizer(data_dir=dataset.data_dir) if tower is not None else SentencePieceTokenizer(
             vocabulary)
         return GdrBuilt(experiment=self, model=model, mesh=mesh, trainer=trainer, checkpointer=checkpointer,
@@ -149,20 +139,17 @@ def tower_params_from_run(*, model_dir: str, step: int, fresh: Any, shardings: A
                             f"encoder's run is needed to start the query tower")
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class GdrBuilt(SampledBatchesRun):
     """A GdrExperiment's live objects."""
     experiment: GdrExperiment
     model: GdrModel
-    mesh: Any
-    trainer: Trainer
-    checkpointer: checkpoints.Checkpointer
     vocabulary: Any
     cluster_space: DocidSpace
     index: ClusteredIndex
     tokenizer: Tokenizer
 
-    def init_state(self):
+    def init_state(self) -> TrainState:
         """A fresh train state: the query tower's weights loaded (see `GdrExperiment`), and the document encoder's
         fingerprint recorded in the model dir."""
         experiment = self.experiment
@@ -182,6 +169,10 @@ class GdrBuilt(SampledBatchesRun):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(self.index.encoder, indent=1))
         return state
+
+    @property
+    def tokens_per_batch(self) -> int:
+        return self.experiment.batch_size * self.experiment.dataset.tokens_per_example
 
     @functools.cached_property
     def batch_source(self) -> GdrBatchSource:

@@ -25,11 +25,12 @@ from gr_jax.data.pairs import labeled_queries
 from gr_jax.data.readers import DataFormatError, open_dataset
 from gr_jax.docids import DocidSpace
 from gr_jax.docids.identifiers import DocumentIdentifiers
-from gr_jax.experiment import Built, Experiment, RetrievalSettings
+from gr_jax.experiment import Built, Experiment
 from gr_jax.ngrams.index import SpanIndex, aggregate_documents, index_path
 from gr_jax.ngrams.spans import select_starts, words_of
 from gr_jax.retrievers import Ranking
 from gr_jax.retrievers.generative import GenerativeRetriever
+from gr_jax.retrievers.settings import RetrievalSettings
 from gr_jax.vocabulary import encode_and_count_cut, load_vocabulary, vocabulary_file
 
 logger = logging.getLogger(__name__)
@@ -148,10 +149,10 @@ class NgramRetriever:
                        compile_seconds=spans.compile_seconds)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class NgramBuilt(Built):
     """A generative run over the span index: its retriever ranks documents (see the module docstring)."""
-    index: Optional[SpanIndex] = None
+    index: SpanIndex
 
     def retriever(self, params: Any = None, *, settings: RetrievalSettings, show_progress: bool = False,
                   step: Optional[int] = None) -> NgramRetriever:
@@ -177,13 +178,13 @@ class NgramBuilt(Built):
                                                                   for row in range(len(self.index.docids))])
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class NgramExperiment(Experiment):
     """An `Experiment` on `NgramData` (its docid space is the span index's windows)."""
+    dataset: NgramData
 
     def build(self, *, keep_checkpoints: int = 3) -> NgramBuilt:
-        if not isinstance(self.dataset, NgramData):
-            raise TypeError(f"NgramExperiment trains on NgramData, got {type(self.dataset).__name__}")
-        built = super().build(keep_checkpoints=keep_checkpoints)
-        fields = {f.name: getattr(built, f.name) for f in dataclasses.fields(Built)}
-        return NgramBuilt(**fields, index=self.dataset.span_index())
+        vocabulary, docid_space, model = self.generative_model()
+        mesh, trainer, checkpointer = self.training_parts(model, keep_checkpoints=keep_checkpoints)
+        return NgramBuilt(experiment=self, vocabulary=vocabulary, docid_space=docid_space, model=model, mesh=mesh,
+                          trainer=trainer, checkpointer=checkpointer, index=self.dataset.span_index())
