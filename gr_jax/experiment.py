@@ -26,6 +26,7 @@ from gr_jax.data.readers import EVAL_SPLIT_SETTING, open_dataset
 from gr_jax.docids import DocidSpace
 from gr_jax.docids.identifiers import DocumentIdentifiers
 from gr_jax.evaluator import RetrievalEvaluator
+from gr_jax.heads import OutputHead, StandardHead
 from gr_jax.models import EncoderDecoderModel
 from gr_jax.retrievers.generative import GenerativeRetriever
 from gr_jax.run_dir import RunDir
@@ -147,19 +148,20 @@ class Doc2QueryData(SeqioExamplesData):
 
 
 def build_model(*, config: network.T5Config, model_vocab_size: int, loss: losses.Loss = losses.TokenCrossEntropy(),
-                docid_token_range: Optional[tuple[int, int]] = None) -> EncoderDecoderModel:
-    """The model of a run: its head given the docid token range [start, stop) (`DocidSpace.docid_token_range`) where
-    it needs one and gin left it unset; its input embedding sized to the ids the head embeds out of the run's
+                docid_token_range: Optional[tuple[int, int]] = None,
+                head: OutputHead = StandardHead()) -> EncoderDecoderModel:
+    """The model of a run: its `head` given the docid token range [start, stop) (`DocidSpace.docid_token_range`)
+    where it needs one and gin left it unset; its input embedding sized to the ids the head embeds out of the run's
     `model_vocab_size` (`OutputHead.embedded_vocab_size`: all of them, or for atomic docids only the text's), rounded
     up to a multiple of 128, unless gin fixed it, in which case a too-small size is an error."""
-    config = config.head.with_docid_range(config, docid_token_range)
-    embedded = config.head.embedded_vocab_size(config, model_vocab_size=model_vocab_size)
+    head = head.with_docid_range(docid_token_range)
+    embedded = head.embedded_vocab_size(config, model_vocab_size=model_vocab_size)
     if config.vocab_size is None:
         config = config.with_vocab_size(embedded)
     elif config.vocab_size < embedded:
         raise ValueError(f"T5Config.vocab_size={config.vocab_size} is smaller than the {embedded} token ids "
-                         f"the vocabulary and docids need (decoder_head={config.decoder_head!r})")
-    return EncoderDecoderModel(config=config, loss=loss)
+                         f"the vocabulary and docids need (head={head!r})")
+    return EncoderDecoderModel(config=config, loss=loss, head=head)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,6 +173,7 @@ class Experiment:
     learning_rate: optax.Schedule
     optimizer_factory: Callable[..., optax.GradientTransformation] = optimizers.make_optimizer
     loss: losses.Loss = losses.TokenCrossEntropy()
+    head: OutputHead = StandardHead()  # the output head and its settings (gin: HEAD, gin_configs/decoders/*.gin)
     batch_size: int = 32
     num_microbatches: int = 1
     seed: int = 0
@@ -187,7 +190,7 @@ class Experiment:
         vocabulary = load_vocabulary(vocabulary_file(self.dataset))
         docid_space = self.dataset.docid_space()
         self.dataset.register(docid_space)
-        model = build_model(config=self.network_config, loss=self.loss,
+        model = build_model(config=self.network_config, loss=self.loss, head=self.head,
                             model_vocab_size=docid_space.model_vocab_size if docid_space else vocabulary.vocab_size,
                             docid_token_range=docid_space.docid_token_range if docid_space else None)
         mesh, trainer, checkpointer = training_parts(self, model=model, keep_checkpoints=keep_checkpoints)

@@ -36,6 +36,7 @@ from gr_jax.gdr.data import GdrBatchSource, GdrData, training_examples
 from gr_jax.gdr.index import ClusteredIndex
 from gr_jax.gdr.losses import GdrLoss
 from gr_jax.gdr.model import GdrModel
+from gr_jax.heads import OutputHead, StandardHead
 from gr_jax.retrievers.gdr import GdrRetriever
 from gr_jax.run_dir import RunDir
 from gr_jax.trainer import Trainer
@@ -48,12 +49,13 @@ CLUSTER_SCHEME = "gdr_clusters"
 class GdrExperiment:
     """A GDR run (see the module docstring).
 
-    network_config: the T5.1.1 of the cluster decoder (size gin; `decoder_head` standard or pawa) and, when
+    network_config: the T5.1.1 of the cluster decoder (size gin) and, when
     `query_tower` is None, of the query encoder. query_tower: a dual-encoder tower (`gr_jax.dense.towers`) as the
     query encoder instead; its weights are its pretrained ones, or with `query_tower_from_document_encoder` those
     of the dense run that encoded the documents (its query tower at the index's step); train_query_tower=False
     keeps them as loaded (no backward pass through the tower, its updates zeroed: the cheap setting of `make demo`).
     temperature: tau of S_intra; cluster_weight: the weight of log p(cluster | q) in the retriever's combined score.
+    head: the cluster decoder's output head (standard or PAWA; gin: HEAD, gin_configs/decoders/*.gin).
     """
     model_dir: str
     dataset: GdrData
@@ -66,6 +68,7 @@ class GdrExperiment:
     cluster_weight: float = 0.0
     optimizer_factory: Callable[..., optax.GradientTransformation] = optimizers.make_optimizer
     loss: GdrLoss = GdrLoss()
+    head: OutputHead = StandardHead()
     batch_size: int = 32
     num_microbatches: int = 1
     seed: int = 0
@@ -88,15 +91,15 @@ class GdrExperiment:
         table = cluster_id_table(index.clusters, digit_tokens=digit_token_ids(vocabulary))
         table.check_fits(dataset.target_length)
         space = DocidSpace.from_table(table, scheme=CLUSTER_SCHEME, text_vocab_size=vocabulary.vocab_size)
-        config = self.network_config.head.with_docid_range(self.network_config, space.docid_token_range)
+        config, head = self.network_config, self.head.with_docid_range(space.docid_token_range)
         if config.vocab_size is None:
             config = config.with_vocab_size(space.model_vocab_size)
         elif config.vocab_size < space.model_vocab_size:
             raise ValueError(f"T5Config.vocab_size={config.vocab_size} is smaller than the {space.model_vocab_size} "
                              "token ids the vocabulary and cluster ids need")
         tower = self.query_tower.for_data(data_dir=dataset.data_dir) if self.query_tower is not None else None
-        model = GdrModel(config=config, query_tower=tower, document_dim=index.dim, temperature=self.temperature,
-                         gdr_loss=self.loss, train_query_tower=self.train_query_tower)
+        model = GdrModel(config=config, head=head, query_tower=tower, document_dim=index.dim,
+                         temperature=self.temperature, gdr_loss=self.loss, train_query_tower=self.train_query_tower)
         experiment = self
         if tower is not None and not self.train_query_tower:  # no update (nor weight decay) reaches the tower
             experiment = dataclasses.replace(self, optimizer_factory=_frozen_tower(self.optimizer_factory))
