@@ -22,6 +22,7 @@ from gr_jax import warm_start
 from gr_jax.docids import DocidSpace
 from gr_jax.docids.identifiers import DocumentIdentifiers
 from gr_jax.family import BuiltRun, ModelFamily
+from gr_jax.heads import OutputHead, StandardHead
 from gr_jax.models import EncoderDecoderModel
 from gr_jax.retrievers.generative import GenerativeRetriever
 from gr_jax.retrievers.settings import RetrievalSettings
@@ -155,19 +156,20 @@ class Doc2QueryData(SeqioExamplesData):
 
 
 def build_model(*, config: network.T5Config, model_vocab_size: int, loss: losses.Loss = losses.TokenCrossEntropy(),
-                docid_token_range: Optional[tuple[int, int]] = None) -> EncoderDecoderModel:
-    """The model of a run: its head given the docid token range [start, stop) (`DocidSpace.docid_token_range`) where
-    it needs one and gin left it unset; its input embedding sized to the ids the head embeds out of the run's
+                docid_token_range: Optional[tuple[int, int]] = None,
+                head: OutputHead = StandardHead()) -> EncoderDecoderModel:
+    """The model of a run: its `head` given the docid token range [start, stop) (`DocidSpace.docid_token_range`)
+    where it needs one and gin left it unset; its input embedding sized to the ids the head embeds out of the run's
     `model_vocab_size` (`OutputHead.embedded_vocab_size`: all of them, or for atomic docids only the text's), rounded
     up to a multiple of 128, unless gin fixed it, in which case a too-small size is an error."""
-    config = config.head.with_docid_range(config, docid_token_range)
-    embedded = config.head.embedded_vocab_size(config, model_vocab_size=model_vocab_size)
+    head = head.with_docid_range(docid_token_range)
+    embedded = head.embedded_vocab_size(config, model_vocab_size=model_vocab_size)
     if config.vocab_size is None:
         config = config.with_vocab_size(embedded)
     elif config.vocab_size < embedded:
         raise ValueError(f"T5Config.vocab_size={config.vocab_size} is smaller than the {embedded} token ids "
-                         f"the vocabulary and docids need (decoder_head={config.decoder_head!r})")
-    return EncoderDecoderModel(config=config, loss=loss)
+                         f"the vocabulary and docids need (head={head!r})")
+    return EncoderDecoderModel(config=config, loss=loss, head=head)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -176,6 +178,7 @@ class Experiment(ModelFamily):
     dataset: RunData
     network_config: network.T5Config
     loss: losses.Loss = losses.TokenCrossEntropy()
+    head: OutputHead = StandardHead()  # the output head and its settings (gin: HEAD, gin_configs/decoders/*.gin)
     # A Hugging Face T5.1.1 dir (config.json + safetensors), as the study, or a gr_jax model dir (e.g. continued
     # span-corruption pretraining on the corpus, see gr_jax.warm_start): the run's parameters start from it.
     init_checkpoint: Optional[str] = None
@@ -186,7 +189,7 @@ class Experiment(ModelFamily):
         vocabulary = load_vocabulary(vocabulary_file(self.dataset))
         docid_space = self.dataset.docid_space()
         self.dataset.register(docid_space)
-        model = build_model(config=self.network_config, loss=self.loss,
+        model = build_model(config=self.network_config, loss=self.loss, head=self.head,
                             model_vocab_size=docid_space.model_vocab_size if docid_space else vocabulary.vocab_size,
                             docid_token_range=docid_space.docid_token_range if docid_space else None)
         return vocabulary, docid_space, model

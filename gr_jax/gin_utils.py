@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import ast
 import difflib
+import io
 import logging
 import os
 import pathlib
@@ -23,6 +24,7 @@ from gr_jax.run_dir import RunDir
 
 if TYPE_CHECKING:
     from gr_jax import network
+    from gr_jax.heads import OutputHead
 
 GIN_CONFIGS_DIR = pathlib.Path(__file__).resolve().parent.parent / "gin_configs"
 _GIN_WORD = re.compile(r"^(@|%|\[|\(|\{|True$|False$|None$|'|\")")
@@ -64,12 +66,114 @@ def parse_args(argv: Sequence[str], *, description: str) -> tuple[argparse.Names
 def _only_plain_file_readers() -> None:
     """gin 0.5.0 also looks gin paths up as Python package resources, and crashes (TypeError) when a folder of the
     working directory shares the path's first component (e.g. an output folder `runs/` next to `runs/train.gin`):
-    namespace packages have no __file__. Our gin files are plain files, so only the plain reader is kept. gin has no
-    public way to do this: `gin.config.register_file_reader` only appends readers, and the resource reader is tried
-    for the working directory's prefix before any search path."""
+    namespace packages have no __file__. Our gin files are plain files, so only the plain reader is kept, and it
+    migrates what older code wrote (`read_gin_file`). gin has no public way to do this:
+    `gin.config.register_file_reader` only appends readers, and the resource reader is tried for the working
+    directory's prefix before any search path."""
     from gin import config as gin_config
-    gin_config._FILE_READERS[:] = [(reader, exists) for reader, exists in gin_config._FILE_READERS
-                                   if reader is open]
+    gin_config._FILE_READERS[:] = [(read_gin_file, os.path.isfile)]
+
+
+class _GinText(io.StringIO):
+    """A gin file's text as gin parses it; `name` is the file's path, which gin's errors name."""
+
+    def __init__(self, text: str, *, name: str):
+        super().__init__(text)
+        self.name = name
+
+
+def read_gin_file(path: str) -> io.StringIO:
+    """The gin file `path` for gin to parse, its bindings of older code migrated (`migrate_head_bindings`)."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    return _GinText(migrate_head_bindings(text, source=path), name=path)
+
+
+# --- Run configs written by older code ---------------------------------------------------------------------------
+#
+# Before each output head owned its settings, the head was named by `network.T5Config.decoder_head` and its settings
+# were T5Config fields; a run dir's config.gin (gin's config_str, one flat binding per line) still holds them.
+
+# decoder_head's old names -> the head class that replaced each.
+_OLD_HEADS = {"standard": "gr_jax.heads.standard.StandardHead", "atomic": "gr_jax.heads.atomic.AtomicHead",
+              "pawa": "gr_jax.heads.pawa.PawaHead"}
+# Old T5Config field -> (the heads that had the setting, its name on them).
+_OLD_HEAD_SETTINGS = {"docid_vocab_start": (("atomic", "pawa"), "docid_vocab_start"),
+                      "docid_vocab_size": (("atomic", "pawa"), "docid_vocab_size"),
+                      "pawa_num_layers": (("pawa",), "num_layers")}
+_OLD_HEAD_LINE = re.compile(r"^network\.T5Config\.(decoder_head|docid_vocab_start|docid_vocab_size|pawa_num_layers)"
+                            r"[ \t]*=[ \t]*(.*?)[ \t]*$", re.MULTILINE)
+_OLD_HEAD_LEFT = re.compile(r"^[^#\n]*\b(decoder_head|pawa_num_layers)\b", re.MULTILINE)
+_TAKES_NETWORK_CONFIG = re.compile(r"^([\w.]+)\.network_config[ \t]*=", re.MULTILINE)
+
+
+def migrate_head_bindings(text: str, *, source: str) -> str:
+    """`text` (a gin config, e.g. a run's config.gin written before heads owned their settings) with its old head
+    bindings rewritten; unchanged when it has none.
+
+        network.T5Config.decoder_head = 'pawa'                      # each old line becomes a comment, and at the end:
+        network.T5Config.pawa_num_layers = %PAWA_NUM_LAYERS         import gr_jax.heads.pawa
+        network.T5Config.docid_vocab_start = %DOCID_VOCAB_START     HEAD = @gr_jax.heads.pawa.PawaHead()
+        experiment.Experiment.network_config = @network.T5Config()  gr_jax.heads.pawa.PawaHead.num_layers = ...
+                                                                    (docid_vocab_start, docid_vocab_size alike)
+                                                                    experiment.Experiment.head = %HEAD
+
+    The head goes to every configurable that takes the `network_config` (a generative or GDR experiment); the
+    standard head, every model's default, is not bound. A setting the old head ignored (the standard head's docid
+    range) is dropped, as it had no effect. Old bindings this cannot
+    place (no `network_config` binding, a `network.T5Config:` block) raise an error naming `source` and the line,
+    and what to write instead."""
+    found = list(_OLD_HEAD_LINE.finditer(text))
+    if not found:
+        _check_no_old_head_bindings(text, source=source)
+        return text
+
+    def line_of(position: int) -> int:
+        return text.count("\n", 0, position) + 1
+
+    values = {match.group(1): (match.group(2), line_of(match.start())) for match in found}
+    name = "standard"
+    if "decoder_head" in values:
+        value, line = values["decoder_head"]
+        try:
+            name = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            name = value
+        if name not in _OLD_HEADS:
+            raise ValueError(f"{source}:{line}: network.T5Config.decoder_head = {value} names no head of the code "
+                             f"that wrote it ({', '.join(map(repr, _OLD_HEADS))}); bind the head itself instead, e.g. "
+                             "HEAD = @gr_jax.heads.pawa.PawaHead() (gin_configs/decoders/*.gin)")
+    takers = sorted(set(_TAKES_NETWORK_CONFIG.findall(text)))
+    if not takers:
+        raise ValueError(f"{source}:{line_of(found[0].start())}: {found[0].group(0).strip()} is an old binding (the "
+                         "head is its own configurable now) and nothing here takes a network_config to give the head "
+                         f"to: write HEAD = @{_OLD_HEADS[name]}() and bind the experiment's head = %HEAD "
+                         "(gin_configs/decoders/*.gin, runs/train.gin)")
+    if "dynamic_registration" not in text:
+        raise ValueError(f"{source}: old head bindings in a config without `from __gin__ import dynamic_registration`: "
+                         f"add it, or write HEAD = @{_OLD_HEADS[name]}() as gin_configs/decoders/*.gin do")
+    migrated = _OLD_HEAD_LINE.sub(lambda match: f"# migrated: {match.group(0)}", text)
+    _check_no_old_head_bindings(migrated, source=source)
+    if name == "standard":
+        return migrated  # every model's default head, which has no settings
+    head = _OLD_HEADS[name]
+    new = ["", "# Migrated by gr_jax.gin_utils.migrate_head_bindings: the output head is its own configurable.",
+           f"import {head.rpartition('.')[0]}", f"HEAD = @{head}()"]
+    for old, (heads, setting) in _OLD_HEAD_SETTINGS.items():
+        if old in values and name in heads:
+            new.append(f"{head}.{setting} = {values[old][0]}")
+    new += [f"{taker}.head = %HEAD" for taker in takers]
+    return migrated.rstrip("\n") + "\n" + "\n".join(new) + "\n"
+
+
+def _check_no_old_head_bindings(text: str, *, source: str) -> None:
+    """Raises on a binding of decoder_head / pawa_num_layers that `migrate_head_bindings` cannot place."""
+    match = _OLD_HEAD_LEFT.search(text)
+    if match:
+        line = text.count("\n", 0, match.start()) + 1
+        raise ValueError(f"{source}:{line}: {match.group(1)} is no longer a T5Config setting: the output head is its "
+                         "own configurable, e.g. HEAD = @pawa.PawaHead() with pawa.PawaHead.num_layers = ... (after "
+                         "`from gr_jax.heads import pawa`; gin_configs/decoders/*.gin)")
 
 
 def parse_gin(*, gin_files: Sequence[str], bindings: Sequence[str], search_paths: Sequence[str] = ()) -> None:
@@ -78,6 +182,7 @@ def parse_gin(*, gin_files: Sequence[str], bindings: Sequence[str], search_paths
     _only_plain_file_readers()
     for path in [*search_paths, str(GIN_CONFIGS_DIR), os.getcwd()]:
         gin.add_config_file_search_path(path)
+    _check_no_old_head_bindings("\n".join(bindings), source="--gin bindings")
     try:
         gin.parse_config_files_and_bindings(list(gin_files), list(bindings), finalize_config=True)
     except ValueError as error:  # e.g. `TRAIN_STEPS set to %gin.REQUIRED`: a misspelt binding is its likely cause
@@ -132,6 +237,25 @@ def t5_config(gin_files: Sequence[str], *, bindings: Sequence[str] = (), **overr
     try:
         parse_gin(gin_files=gin_files, bindings=bindings)
         return gin.get_configurable(network.T5Config)(**overrides)
+    finally:
+        gin.clear_config()
+
+
+def t5_config_and_head(gin_files: Sequence[str], *, bindings: Sequence[str] = (),
+                       **overrides) -> tuple["network.T5Config", "OutputHead"]:
+    """`t5_config`, and the output head the files bind as `HEAD` (a decoder gin, gin_configs/decoders/*.gin; the
+    standard head where none does), for tools that build a model without an experiment."""
+    from gr_jax import network
+    from gr_jax.heads import StandardHead
+    gin.clear_config()
+    try:
+        parse_gin(gin_files=gin_files, bindings=bindings)
+        config = gin.get_configurable(network.T5Config)(**overrides)
+        try:
+            head = gin.query_parameter("%HEAD").scoped_configurable_fn()
+        except ValueError:  # no HEAD bound
+            head = StandardHead()
+        return config, head
     finally:
         gin.clear_config()
 

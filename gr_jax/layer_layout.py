@@ -28,21 +28,22 @@ from flax import traverse_util
 from flax.core import meta
 from jax.sharding import NamedSharding, PartitionSpec, Sharding
 
-from gr_jax.network import LAYERS, T5Config
+from gr_jax.network import LAYERS, Head, T5Config
 
 
-def layer_stacks(config: T5Config) -> dict[str, int]:
-    """'/'-joined path of each layer stack of `config`'s network -> its depth."""
+def layer_stacks(config: T5Config, *, head: Optional[Head]) -> dict[str, int]:
+    """'/'-joined path of each layer stack of `config`'s network with the output head `head` (None: a network
+    without one, e.g. an encoder alone) -> its depth."""
     return {"encoder_layers": config.num_encoder_layers, "decoder_layers": config.num_decoder_layers,
-            **config.head.layer_stacks(config)}
+            **(head.layer_stacks(config) if head is not None else {})}
 
 
-def stack_layers(params: Any, *, config: T5Config) -> Any:
+def stack_layers(params: Any, *, config: T5Config, head: Optional[Head]) -> Any:
     """The scanned tree of an unscanned one: `{stack}_{i}/rest` for i < depth -> `{stack}/rest` [depth, ...]."""
     flat = _flatten(params)
     out = {key: leaf for key, leaf in flat.items()
-           if not any(_layer_index(key, stack) is not None for stack in layer_stacks(config))}
-    for stack, depth in layer_stacks(config).items():
+           if not any(_layer_index(key, stack) is not None for stack in layer_stacks(config, head=head))}
+    for stack, depth in layer_stacks(config, head=head).items():
         by_rest: dict[str, dict[int, Any]] = {}
         for key, leaf in flat.items():
             found = _layer_index(key, stack)
@@ -57,9 +58,9 @@ def stack_layers(params: Any, *, config: T5Config) -> Any:
     return traverse_util.unflatten_dict(out, sep="/")
 
 
-def unstack_layers(params: Any, *, config: T5Config) -> Any:
+def unstack_layers(params: Any, *, config: T5Config, head: Optional[Head]) -> Any:
     """The unscanned tree of a scanned one: `{stack}/rest` [depth, ...] -> `{stack}_{i}/rest` for i < depth."""
-    stacks = layer_stacks(config)
+    stacks = layer_stacks(config, head=head)
     out = {}
     for key, leaf in _flatten(params).items():
         stack = next((s for s in stacks if key.startswith(s + "/")), None)
@@ -72,16 +73,17 @@ def unstack_layers(params: Any, *, config: T5Config) -> Any:
     return traverse_util.unflatten_dict(out, sep="/")
 
 
-def convert_layers(params: Any, *, config: T5Config) -> Any:
+def convert_layers(params: Any, *, config: T5Config, head: Optional[Head]) -> Any:
     """`params` (either layout) in the layout of `config.scan_layers`."""
-    return stack_layers(params, config=config) if config.scan_layers else unstack_layers(params, config=config)
+    convert = stack_layers if config.scan_layers else unstack_layers
+    return convert(params, config=config, head=head)
 
 
-def is_scanned(paths: Iterable[str], *, config: T5Config) -> Optional[bool]:
+def is_scanned(paths: Iterable[str], *, config: T5Config, head: Optional[Head]) -> Optional[bool]:
     """Whether '/'-joined parameter paths (e.g. a checkpoint's) hold `config`'s stacks scanned; None when they hold
     none of its stacks."""
     paths = list(paths)
-    for stack, depth in layer_stacks(config).items():
+    for stack, depth in layer_stacks(config, head=head).items():
         if not depth:
             continue
         if any(path.startswith(stack + "/") for path in paths):

@@ -8,7 +8,7 @@ decoder_input_tokens / decoder_target_tokens / decoder_loss_weights [batch, tgt_
 [batch, tgt_len, K], and its decoder_loss_weights carry each example's item weight.
 
 What depends on the output layer (which logits column scores a target token, how a batch is ranked) is the head's
-(`gr_jax.heads`); what the training objective is, the loss's (`gr_jax.losses`).
+(`head`, a `gr_jax.heads.OutputHead`); what the training objective is, the loss's (`gr_jax.losses`).
 """
 from __future__ import annotations
 
@@ -23,19 +23,34 @@ from gr_jax import losses
 from gr_jax import network
 from gr_jax.data.features import SOFT_TARGET_MASS, SOFT_TARGET_TOKENS
 from gr_jax.docids.trie import Trie
+from gr_jax.heads import OutputHead, StandardHead
 
 Array = jax.Array
 Batch = Mapping[str, Array]
 
 @dataclasses.dataclass(frozen=True)
 class EncoderDecoderModel:
-    """T5 for generative retrieval: `config` fixes the network and its output head, `loss` the training objective."""
+    """T5 for generative retrieval: `config` fixes the network, `head` its output head (T5.1.1's projection over the
+    vocabulary by default), `loss` the training objective."""
     config: network.T5Config
     loss: losses.Loss = losses.TokenCrossEntropy()
+    head: OutputHead = StandardHead()
+
+    def __post_init__(self):
+        self.head.check(self.config)
 
     @property
     def module(self) -> network.Transformer:
-        return network.Transformer(self.config)
+        return network.Transformer(self.config, head=self.head)
+
+    @property
+    def logits_vocab_size(self) -> int:
+        """Size of the decoded token space: decode_step's logits, the trie's vocabulary."""
+        return self.head.logits_vocab_size(self.config)
+
+    def init_cache(self, *, rows: int, max_decode_len: int) -> tuple:
+        """The zeroed decoding cache of `rows` rows (`network.init_cache`)."""
+        return network.init_cache(self.config, head=self.head, rows=rows, max_decode_len=max_decode_len)
 
     # --- Initialisation -------------------------------------------------------------------------------------
 
@@ -58,7 +73,7 @@ class EncoderDecoderModel:
         soft_columns = soft_mass = None
         if SOFT_TARGET_TOKENS in batch:
             soft_mass = batch[SOFT_TARGET_MASS][:, :length].astype(jnp.float32)
-            soft_columns, soft_invalid = self.config.head.target_columns(
+            soft_columns, soft_invalid = self.head.target_columns(
                 self.config, batch[SOFT_TARGET_TOKENS][:, :length], soft_mass)
             invalid = invalid | (jnp.any(soft_invalid, axis=-1) & (weights > 0))
         return losses.Outputs(logits=logits, states=states, columns=columns, weights=weights, invalid=invalid,
@@ -80,7 +95,7 @@ class EncoderDecoderModel:
         targets = batch["decoder_target_tokens"][:, :length]
         weights = batch.get("decoder_loss_weights")
         weights = ((targets > 0) if weights is None else weights[:, :length]).astype(jnp.float32)
-        columns, invalid = self.config.head.target_columns(self.config, targets, weights)
+        columns, invalid = self.head.target_columns(self.config, targets, weights)
         return columns, weights, invalid
 
     # --- Scoring and prediction -----------------------------------------------------------------------------
@@ -125,8 +140,8 @@ class EncoderDecoderModel:
         float32[batch, beams], best first. Beam search unless the head ranks directly (atomic: the exact top
         docids of the whole corpus). With `trie`, only valid docids can be produced and scores are their exact
         log-likelihoods."""
-        return self.config.head.predict_batch(self, params, encoder_input_tokens, num_beams=num_beams,
-                                              max_decode_len=max_decode_len, trie=trie, length_penalty=length_penalty)
+        return self.head.predict_batch(self, params, encoder_input_tokens, num_beams=num_beams,
+                                       max_decode_len=max_decode_len, trie=trie, length_penalty=length_penalty)
 
     def beam_search(self, params, encoder_input_tokens: Array, *, num_beams: int, max_decode_len: int,
                     trie: Optional[Trie] = None, length_penalty: float = 0.0) -> decoding.BeamSearchResult:
@@ -139,7 +154,7 @@ class EncoderDecoderModel:
                          trie: Optional[Trie] = None, length_penalty: float = 0.0) -> decoding.BeamSearchResult:
         """`beam_search` from a computed prefill (`network.Transformer.prefill`)."""
         batch = context.cross_mask.shape[0]
-        cache = network.init_cache(self.config, rows=batch * num_beams, max_decode_len=max_decode_len)
+        cache = self.init_cache(rows=batch * num_beams, max_decode_len=max_decode_len)
         return decoding.beam_search(step_fn=self._step_fn(params, context), cache=cache, batch_size=batch,
                                     num_beams=num_beams, max_decode_len=max_decode_len, trie=trie,
                                     length_penalty=length_penalty)
@@ -150,7 +165,7 @@ class EncoderDecoderModel:
         decodes it, also renormalised over the trie's allowed tokens at every step (`decoding.score_sequences`)."""
         batch, length = sequences.shape
         context = self._prefill(params, encoder_input_tokens, length)
-        cache = network.init_cache(self.config, rows=batch, max_decode_len=length)
+        cache = self.init_cache(rows=batch, max_decode_len=length)
         return decoding.score_sequences(step_fn=self._step_fn(params, context), cache=cache, sequences=sequences,
                                         trie=trie)
 
@@ -160,7 +175,7 @@ class EncoderDecoderModel:
         """Top-k sampling, one sample per row (repeat rows for several samples per input)."""
         batch = encoder_input_tokens.shape[0]
         context = self._prefill(params, encoder_input_tokens, max_decode_len)
-        cache = network.init_cache(self.config, rows=batch, max_decode_len=max_decode_len)
+        cache = self.init_cache(rows=batch, max_decode_len=max_decode_len)
         return decoding.sample(step_fn=self._step_fn(params, context), cache=cache, rng=rng, batch_size=batch,
                                max_decode_len=max_decode_len, top_k=top_k, temperature=temperature, trie=trie)
 

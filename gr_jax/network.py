@@ -14,16 +14,17 @@ Two decoding paths share the same parameters:
     repeated per beam: a step reshapes its `batch * beams` queries to `[batch, beams, ...]` against `[batch, ...]`
     keys.
 
-Output heads are modules of `gr_jax.heads`, chosen by name in `T5Config.decoder_head` (gin:
-`gin_configs/decoders/*.gin`): 'standard' (T5.1.1's output projection), 'atomic' (one column per document) and
-'pawa' (NCI's prefix-aware weight-adaptive decoder). The Transformer shares its scope with its head, so a head's
-parameters sit at the top of the tree (`logits_dense`, `atomic_logits_dense`, `pawa/...`).
+The output head is given to the `Transformer` (`head`: a `gr_jax.heads.OutputHead`, chosen and set in gin as its own
+configurable, `gin_configs/decoders/*.gin`): 'standard' (T5.1.1's output projection), 'atomic' (one column per
+document) and 'pawa' (NCI's prefix-aware weight-adaptive decoder). This module never imports the heads (they build
+on its layers); the Transformer shares its scope with the head's layer, so a head's parameters sit at the top of the
+tree (`logits_dense`, `atomic_logits_dense`, `pawa/...`).
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Protocol, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -49,11 +50,8 @@ class T5Config:
 
     `vocab_size` may be left None: entry points fill it from the run's docid space (rounded up to a multiple of
     128, as T5's 32,128). `output_vocab_size` lets the decoder's output layer cover a different vocabulary from the
-    input embedding; None means the head's default (see `gr_jax.heads`).
-
-    `decoder_head` names the output head (`gr_jax.heads.HEADS`). Heads over docid tokens ('atomic', 'pawa') need
-    the tokens' id range [`docid_vocab_start`, `docid_vocab_start + docid_vocab_size`), which the model builder
-    fills from the docid space when gin leaves it unset; `pawa_num_layers` sets the PAWA stack's depth.
+    input embedding; None means the head's default (see `gr_jax.heads`). The output head and its settings are not
+    the network's: a head is its own configurable, given where the model is built (`Transformer.head`).
 
     `dropout_broadcast_dims`: the axes along which one dropout mask is shared, as t5x's T5.1.1 does by default
     (`broadcast_dims=(-2,)`): each activation [batch, length, features] drops the same features at every position,
@@ -87,10 +85,6 @@ class T5Config:
     output_vocab_size: Optional[int] = None
     remat: bool = False
     scan_layers: bool = False
-    decoder_head: str = "standard"
-    pawa_num_layers: Optional[int] = None
-    docid_vocab_start: Optional[int] = None
-    docid_vocab_size: Optional[int] = None
 
     def __post_init__(self):
         if self.vocab_size is not None and self.vocab_size <= 0:
@@ -101,23 +95,25 @@ class T5Config:
         if not all(isinstance(d, int) and not isinstance(d, bool) for d in dims):
             raise ValueError(f"dropout_broadcast_dims must be axis numbers, e.g. (-2,), got {dims!r}")
         object.__setattr__(self, "dropout_broadcast_dims", tuple(dims))  # gin may give a list; configs hash
-        self.head.check_config(self)
-
-    @property
-    def head(self) -> type:
-        """The output head class named by `decoder_head` (a `gr_jax.heads.OutputHead` subclass)."""
-        from gr_jax import heads  # The heads build on this module's layers: imported when first needed.
-        return heads.get_head(self.decoder_head)
-
-    @property
-    def logits_vocab_size(self) -> int:
-        """Size of the decoded token space: decode_step's logits, the trie's vocabulary."""
-        return self.head.logits_vocab_size(self)
 
     def with_vocab_size(self, vocab_size: int, *, multiple_of: int = 128) -> "T5Config":
         """Returns a copy whose vocab_size covers `vocab_size`, padded so the vocab axis shards evenly."""
         padded = -(-vocab_size // multiple_of) * multiple_of
         return dataclasses.replace(self, vocab_size=padded)
+
+
+class Head(Protocol):
+    """What the network's modules ask of an output head (`gr_jax.heads.OutputHead` is one; this module never imports
+    the heads, which build on its layers)."""
+
+    def layer(self, config: T5Config) -> nn.Module:
+        """The head's Flax layer (`gr_jax.heads.HeadLayer`) for the network `config`."""
+
+    def num_cached_layers(self, config: T5Config) -> int:
+        """Decoder layers of the head's own whose self-attention cache incremental decoding keeps."""
+
+    def layer_stacks(self, config: T5Config) -> dict[str, int]:
+        """The head's own layer stacks: parameter path -> depth (`gr_jax.layer_layout`)."""
 
 
 def _activation(name: str) -> Callable[[Array], Array]:
@@ -496,8 +492,10 @@ class DecoderLayer(nn.Module):
 
 
 class Transformer(nn.Module):
-    """T5.1.1 encoder-decoder with an output head (`gr_jax.heads`). Token 0 is padding and the decoder start token."""
+    """T5.1.1 encoder-decoder with an output head (`head`, e.g. `gr_jax.heads.StandardHead()`; None: no output layer,
+    for the encoder alone, as a dense tower uses it). Token 0 is padding and the decoder start token."""
     config: T5Config
+    head: Optional[Head] = None
 
     def setup(self):
         cfg = self.config
@@ -514,9 +512,18 @@ class Transformer(nn.Module):
         self.decoder_layers = layer_stack(DecoderLayer, config=cfg, num_layers=cfg.num_decoder_layers,
                                           deterministic_argnum=6)
         self.decoder_norm = RMSNorm(cfg)
-        self.head = cfg.head(cfg)
-        nn.share_scope(self, self.head)  # the head's parameters keep top-level names (checkpoints, HF mapping)
+        if self.head is not None:
+            self.output_layer = self.head.layer(cfg)
+            nn.share_scope(self, self.output_layer)  # the head's parameters keep top-level names (checkpoints, HF)
+        else:
+            self.output_layer = None
         self.dropout = Dropout(cfg.dropout_rate, broadcast_dims=cfg.dropout_broadcast_dims)
+
+    def _output_layer(self) -> nn.Module:
+        if self.output_layer is None:
+            raise ValueError("this Transformer has no output head (head=None): give it one to decode, e.g. "
+                             "gr_jax.heads.StandardHead()")
+        return self.output_layer
 
     def embed(self, tokens: Array) -> Array:
         """tokens: int32[...] -> embeddings [..., embed] in the compute dtype."""
@@ -550,11 +557,12 @@ class Transformer(nn.Module):
         final states [batch, tgt_len', embed] (what the output layer reads; NCI's consistency loss compares them).
         """
         deterministic = not enable_dropout
-        decoder_input_tokens = self.head.teacher_forced_inputs(decoder_input_tokens)
+        output_layer = self._output_layer()
+        decoder_input_tokens = output_layer.teacher_forced_inputs(decoder_input_tokens)
         cross_mask = (encoder_input_tokens > 0)[:, None, None, :]
         embedded = self.embed(decoder_input_tokens)
         x = self._decoder_states(embedded, encoded, cross_mask=cross_mask, deterministic=deterministic)
-        logits = self.head(x, embedded=embedded, encoded=encoded, cross_mask=cross_mask, deterministic=deterministic)
+        logits = output_layer(x, embedded=embedded, encoded=encoded, cross_mask=cross_mask, deterministic=deterministic)
         return (logits, x) if return_states else logits
 
     def __call__(self, encoder_input_tokens: Array, decoder_input_tokens: Array, *,
@@ -583,22 +591,23 @@ class Transformer(nn.Module):
         cross_kv = stack_cross_kv(self.decoder_layers, encoded, num_layers=self.config.num_decoder_layers)
         return DecodeContext(cross_kv=cross_kv, cross_mask=cross_mask,
                              decoder_bias=self.decoder_relpos(max_decode_len, max_decode_len),
-                             head=self.head.prefill(encoded, max_decode_len=max_decode_len))
+                             head=self._output_layer().prefill(encoded, max_decode_len=max_decode_len))
 
     def decode_step(self, tokens: Array, *, position: Array, cache: tuple, context: "DecodeContext"
                     ) -> tuple[Array, tuple]:
         """tokens: int32[batch*beams] (the previous tokens), position: int32[] -> float32 logits
         [batch*beams, logits_vocab_size] and the updated self-attention cache (see `init_cache`)."""
-        embedded = self.embed(self.head.step_inputs(tokens, position=position)[:, None])
+        output_layer = self._output_layer()
+        embedded = self.embed(output_layer.step_inputs(tokens, position=position)[:, None])
         bias_row = jax.lax.dynamic_index_in_dim(context.decoder_bias, position, axis=1, keepdims=False)
         cfg = self.config
         num_main = stack_cache_entries(cfg, num_layers=cfg.num_decoder_layers)
         x, new_cache = stack_step(self.decoder_layers, embedded, num_layers=cfg.num_decoder_layers, position=position,
                                   cache=cache[:num_main], cross_kv=context.cross_kv, cross_mask=context.cross_mask,
                                   bias_row=bias_row)
-        logits, head_cache = self.head.step(self.decoder_norm(x), embedded=embedded, position=position,
-                                            cache=cache[num_main:], context=context.head,
-                                            cross_mask=context.cross_mask)
+        logits, head_cache = output_layer.step(self.decoder_norm(x), embedded=embedded, position=position,
+                                               cache=cache[num_main:], context=context.head,
+                                               cross_mask=context.cross_mask)
         return logits, (*new_cache, *head_cache)
 
 
@@ -607,7 +616,7 @@ class Transformer(nn.Module):
 class DecodeContext:
     """Per-query decoding constants. cross_kv: per decoder layer (keys, values) [batch, src_len, heads, kv], or
     scanned one pair [layers, batch, src_len, heads, kv] (`stack_cross_kv`); cross_mask: bool[batch, src_len];
-    decoder_bias: float32[heads, max_len, max_len]; head: the head's own constants (`OutputHead.prefill`; () for the
+    decoder_bias: float32[heads, max_len, max_len]; head: the head's own constants (`HeadLayer.prefill`; () for the
     standard head)."""
     cross_kv: tuple
     cross_mask: Array
@@ -615,11 +624,11 @@ class DecodeContext:
     head: Any = ()
 
 
-def init_cache(config: T5Config, *, rows: int, max_decode_len: int) -> tuple:
-    """Zeroed self-attention cache: the decoder's, then the head's own stack's (PAWA), each as `stack_cache` makes it:
+def init_cache(config: T5Config, *, head: Head, rows: int, max_decode_len: int) -> tuple:
+    """Zeroed self-attention cache: the decoder's, then `head`'s own stack's (PAWA), each as `stack_cache` makes it:
     per layer (keys, values) [rows, max_decode_len, heads, kv], or with `scan_layers` one pair per stack
     [rows, layers, max_decode_len, heads, kv]. Every leaf has `rows` first: beam search reorders the cache along
     axis 0 (`gr_jax.decoding`)."""
     def stack(num_layers: int) -> tuple:
         return stack_cache(config, num_layers=num_layers, rows=rows, max_decode_len=max_decode_len)
-    return (*stack(config.num_decoder_layers), *stack(config.head.num_cached_layers(config)))
+    return (*stack(config.num_decoder_layers), *stack(head.num_cached_layers(config)))

@@ -47,10 +47,11 @@ alone would shrink a 5.x T5.1.1's logits by d_model**-0.5 without any error.
 Vocabulary: with the checkpoint's SentencePiece model (`pretrained_vocabulary`), set `T5Config.vocab_size` to the
 checkpoint's (32128 for T5). A larger vocabulary (extra docid tokens for 2D semantic ids) keeps the pretrained rows
 of `token_embedder` / `logits_dense` and takes the rows beyond from the model's own initialisation (`fresh_params`);
-an output layer over another vocabulary (atomic docid head, `output_vocab_size` != `vocab_size`) is fresh, as is
-the PAWA stack (the head's `fresh_param_patterns`); PAWA's shared projection `logits_dense` takes lm_head's rows.
-Any other
-parameter the checkpoint has no tensor for is an error unless named in `fresh_patterns`.
+the head decides what of it a checkpoint fills: `lm_head` goes to the parameter it names (`lm_head_parameter`: the
+standard and PAWA heads' `logits_dense`, when it covers the input vocabulary), and its parameters no T5 has start
+from the model's own initialisation (`fresh_param_patterns`: an output layer over another vocabulary, atomic docid
+columns, the PAWA stack). Any other parameter the checkpoint has no tensor for is an error unless named in
+`fresh_patterns`.
 """
 from __future__ import annotations
 
@@ -78,6 +79,8 @@ from gr_jax.data.readers import DataFormatError
 
 if TYPE_CHECKING:
     import seqio
+
+    from gr_jax.heads import OutputHead
 
 logger = logging.getLogger(__name__)
 
@@ -434,10 +437,8 @@ def _norm_source(name: str, hf: HFT5Config) -> TensorSource:
 
 
 def hf_tensor_sources(*, hf: HFT5Config, config: network.T5Config) -> dict[str, TensorSource]:
-    """Our parameter path ('encoder_layers_0/attention/query') -> its HF tensor, for a standard T5.1.1 tree.
-
-    `logits_dense` is left out when the output layer does not share the input vocabulary (atomic docid head).
-    """
+    """Our parameter path ('encoder_layers_0/attention/query') -> its HF tensor, for the T5.1.1 trunk (embedding,
+    encoder, decoder); the output layer is the head's (`lm_head_source`)."""
     d, h, b, v = hf.d_model, hf.num_heads, hf.relative_attention_num_buckets, hf.vocab_size
     sources = {
         "token_embedder": TensorSource(_SHARED, "copy", (v, d), (config.vocab_size, d), vocab_axis=0,
@@ -463,19 +464,22 @@ def hf_tensor_sources(*, hf: HFT5Config, config: network.T5Config) -> dict[str, 
         sources[f"{ours}/pre_cross_attention_norm/scale"] = _norm_source(f"{theirs}.1.layer_norm.weight", hf)
         sources.update(_mlp_sources(f"{ours}/mlp", f"{theirs}.2.DenseReluDense", hf))
         sources[f"{ours}/pre_mlp_norm/scale"] = _norm_source(f"{theirs}.2.layer_norm.weight", hf)
-    if config.head.shares_input_vocabulary(config):
-        # Tied: `shared`, or a 5.x checkpoint's own `lm_head` where saved (load_pretrained_params). HF multiplies the
-        # decoder output by d_model**-0.5 before the projection where `scale_decoder_outputs`; folded into the kernel.
-        sources["logits_dense"] = TensorSource(_SHARED if hf.tie_word_embeddings else _LM_HEAD, "transpose", (v, d),
-                                               (d, config.vocab_size), vocab_axis=1, pretrained_rows=v,
-                                               scale=d ** -0.5 if hf.scale_decoder_outputs else 1.0)
     return sources
+
+
+def lm_head_source(*, hf: HFT5Config, config: network.T5Config) -> TensorSource:
+    """The HF tensor of T5's output layer, as the parameter [embed, config.vocab_size] that a head names to take it
+    (`OutputHead.lm_head_parameter`; the standard head's `logits_dense`)."""
+    d, v = hf.d_model, hf.vocab_size
+    # Tied: `shared`, or a 5.x checkpoint's own `lm_head` where saved (load_pretrained_params). HF multiplies the
+    # decoder output by d_model**-0.5 before the projection where `scale_decoder_outputs`; folded into the kernel.
+    return TensorSource(_SHARED if hf.tie_word_embeddings else _LM_HEAD, "transpose", (v, d), (d, config.vocab_size),
+                        vocab_axis=1, pretrained_rows=v, scale=d ** -0.5 if hf.scale_decoder_outputs else 1.0)
 
 
 def _expected_tensors(hf: HFT5Config) -> dict[str, tuple[int, ...]]:
     """Every tensor a checkpoint with this config.json may hold -> its shape (whether our tree uses it or not)."""
-    standard = t5_config_from_hf(hf)
-    expected = {s.name: s.hf_shape for s in hf_tensor_sources(hf=hf, config=standard).values()}
+    expected = {s.name: s.hf_shape for s in hf_tensor_sources(hf=hf, config=t5_config_from_hf(hf)).values()}
     for name in _TIED_COPIES + (_LM_HEAD,):
         expected[name] = (hf.vocab_size, hf.d_model)
     return expected
@@ -620,11 +624,14 @@ def mix_vocabulary_rows(*, source: Any, fresh: Any, axis: int, rows: int, shardi
 
 
 def load_pretrained_params(*, checkpoint_dir: PathLike, config: network.T5Config, fresh_params: Any,
-                           shardings: Any, fresh_patterns: Sequence[str] = (), encoder_only: bool = False) -> Any:
+                           shardings: Any, head: Optional[OutputHead] = None, fresh_patterns: Sequence[str] = (),
+                           encoder_only: bool = False) -> Any:
     """Our parameter tree filled from a Hugging Face T5 checkpoint, each leaf on its `shardings` entry.
 
     checkpoint_dir: `config.json` + `model.safetensors`, or `model.safetensors.index.json` + its shards.
     config: our network's config; its dimensions must equal config.json's (each difference is reported).
+    head: the network's output head (`gr_jax.heads.OutputHead`): which of its parameters T5's `lm_head` fills
+      (`lm_head_parameter`) and which start fresh (`fresh_param_patterns`); needed unless `encoder_only`.
     fresh_params: the model's initialised params (boxed or not), with the structure of the result; the source of
       vocabulary rows beyond the checkpoint's, of a separate output layer (atomic docid head) and of parameters
       matched by `fresh_patterns`. Leaves that are fully pretrained may be `jax.ShapeDtypeStruct`s (e.g.
@@ -641,20 +648,30 @@ def load_pretrained_params(*, checkpoint_dir: PathLike, config: network.T5Config
     (HF has one block per layer) and its layers stacked onto `shardings` (`gr_jax.layer_layout`): the devices hold
     the stacks' parameters twice while they are stacked.
     """
+    if encoder_only:
+        head = None
+    elif head is None:
+        raise ValueError("load_pretrained_params needs the network's output head (head=..., e.g. "
+                         "gr_jax.heads.StandardHead()) unless encoder_only")
     if config.scan_layers:
         unscanned = dataclasses.replace(config, scan_layers=False)
         params = load_pretrained_params(
-            checkpoint_dir=checkpoint_dir, config=unscanned, fresh_patterns=fresh_patterns, encoder_only=encoder_only,
-            fresh_params=layer_layout.unstack_layers(partitioning.strip_boxes(fresh_params), config=config),
-            shardings=layer_layout.unstack_layers(shardings, config=config))
-        return jax.jit(functools.partial(layer_layout.stack_layers, config=config), out_shardings=shardings)(params)
+            checkpoint_dir=checkpoint_dir, config=unscanned, head=head, fresh_patterns=fresh_patterns,
+            encoder_only=encoder_only,
+            fresh_params=layer_layout.unstack_layers(partitioning.strip_boxes(fresh_params), config=config, head=head),
+            shardings=layer_layout.unstack_layers(shardings, config=config, head=head))
+        return jax.jit(functools.partial(layer_layout.stack_layers, config=config, head=head),
+                       out_shardings=shardings)(params)
     hf = read_hf_config(checkpoint_dir)
     check_config(hf=hf, config=config)
     sources = hf_tensor_sources(hf=hf, config=config)
     if encoder_only:
-        sources = {path: source for path, source in sources.items()
-                   if not path.startswith("decoder_") and path != "logits_dense"}
-    patterns = [re.compile(p) for p in config.head.fresh_param_patterns + tuple(fresh_patterns)]
+        sources = {path: source for path, source in sources.items() if not path.startswith("decoder_")}
+    output_layer = None if head is None else head.lm_head_parameter(config)
+    if output_layer is not None:
+        sources[output_layer] = lm_head_source(hf=hf, config=config)
+    head_patterns = () if head is None else head.fresh_param_patterns(config)
+    patterns = [re.compile(p) for p in (*head_patterns, *fresh_patterns)]
 
     params = partitioning.strip_boxes(fresh_params)
     leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
@@ -668,8 +685,6 @@ def load_pretrained_params(*, checkpoint_dir: PathLike, config: network.T5Config
     for path, (_, leaf) in zip(paths, leaves):
         if any(p.fullmatch(path) for p in patterns):
             plan[path] = None
-        elif path == "logits_dense" and path not in sources:
-            plan[path] = None  # A separate output vocabulary (atomic docids): nothing pretrained to copy.
         elif path in sources:
             plan[path] = sources[path]
             if tuple(leaf.shape) != sources[path].shape:
@@ -682,8 +697,7 @@ def load_pretrained_params(*, checkpoint_dir: PathLike, config: network.T5Config
                          f"{' ...' if len(unknown) > 8 else ''}; initialise them fresh with fresh_patterns "
                          f"(regular expressions over these paths)")
     our_paths = set(paths)
-    # The output layer may be replaced by another head (e.g. PAWA); every other tensor must have its parameter.
-    orphaned = sorted(p for p in sources if p not in our_paths and p != "logits_dense")
+    orphaned = sorted(p for p in sources if p not in our_paths)
     if orphaned:
         raise ValueError(f"the checkpoint's {sources[orphaned[0]].name!r} maps to params[{orphaned[0]!r}], which "
                          f"the model does not have ({len(orphaned)} such): the network's parameter names differ "
@@ -691,11 +705,11 @@ def load_pretrained_params(*, checkpoint_dir: PathLike, config: network.T5Config
 
     with SafetensorsCheckpoint(checkpoint_dir) as ckpt:
         names = ckpt.names
-        output = plan.get("logits_dense")
+        output = plan.get(output_layer) if output_layer is not None else None
         if output is not None and output.name == _SHARED and _LM_HEAD in names and not hf.lm_head_is_tied_copy:
             # Saved by transformers 5.x, whose `tie_word_embeddings` is always true: a saved lm_head is the output
             # layer (T5.1.1's own), which 5.x also leaves untied where it differs from shared.
-            plan["logits_dense"] = dataclasses.replace(output, name=_LM_HEAD)
+            plan[output_layer] = dataclasses.replace(output, name=_LM_HEAD)
         # The tied embedding may have been saved under one of its other names only (safetensors keeps one).
         tied_names = [n for n in (_SHARED,) + _TIED_COPIES + ((_LM_HEAD,) if hf.lm_head_is_tied_copy else ())
                       if n in names]

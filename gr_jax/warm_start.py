@@ -8,8 +8,9 @@ either a Hugging Face dir, see `gr_jax.pretrained`, or a gr_jax model dir, this 
 
 Only the parameters are read (orbax partial restore), straight into this run's shardings; the step and the
 optimizer state start afresh. Parameters match by path. A larger vocabulary axis (atomic or 2D docid tokens
-appended after the pieces) keeps the source's rows and takes the rows beyond from this run's initialisation; new
-heads (`gr_jax.heads.fresh_param_patterns`: atomic, PAWA) are fresh; anything else that differs is an error.
+appended after the pieces) keeps the source's rows and takes the rows beyond from this run's initialisation; the
+head's own parameters (its `fresh_param_patterns`: atomic columns, the PAWA stack) are fresh where the source lacks
+them; anything else that differs is an error.
 The source run's layer stacks may be scanned or not (`T5Config.scan_layers`), whatever this run's are: its
 parameters are converted on the way in (`gr_jax.layer_layout`).
 """
@@ -29,7 +30,6 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec, Sharding
 
-from gr_jax import heads
 from gr_jax import layer_layout
 from gr_jax import pretrained
 from gr_jax.checkpoints import Checkpointer
@@ -39,6 +39,7 @@ from gr_jax.pretrained import mix_vocabulary_rows
 from gr_jax.run_dir import RunDir
 
 if TYPE_CHECKING:
+    from gr_jax.heads import OutputHead
     from gr_jax.trainer import Trainer, TrainState
 
 logger = logging.getLogger(__name__)
@@ -59,15 +60,15 @@ def vocabulary_axes(params_with_logical_axes: Any) -> dict[str, int]:
 
 def params_from_run(*, model_dir: str | os.PathLike, fresh_params: Any, shardings: Any,
                     vocab_axes: Mapping[str, int], new_patterns: Sequence[str] | None = None,
-                    config: Optional[T5Config] = None) -> Any:
+                    config: Optional[T5Config] = None, head: Optional[OutputHead] = None) -> Any:
     """This run's parameter tree filled from the latest checkpoint in `model_dir`/checkpoints.
 
     fresh_params: this run's initialised params (unboxed), the source of new heads and of vocabulary rows beyond
       the source run's; shardings: a `Sharding` per leaf (e.g. `Trainer.state_shardings.params`); vocab_axes:
       path -> vocabulary axis (`vocabulary_axes`), the only axis along which a parameter may differ, and only by
-      being larger here; new_patterns: parameters the source may lack (default: every head's own,
-      `gr_jax.heads.fresh_param_patterns`); config: this run's network, given so that a source run whose layer
-      stacks are in the other layout (`T5Config.scan_layers`) is read in its layout and converted
+      being larger here; new_patterns: parameters the source may lack (default: `head`'s own,
+      `OutputHead.fresh_param_patterns`); config and head: this run's network and output head, given so that a source
+      run whose layer stacks are in the other layout (`T5Config.scan_layers`) is read in its layout and converted
       (`gr_jax.layer_layout`).
     """
     directory = RunDir.of(model_dir).checkpoints
@@ -78,19 +79,20 @@ def params_from_run(*, model_dir: str | os.PathLike, fresh_params: Any, sharding
         if step is None:
             raise FileNotFoundError(f"no checkpoint in {directory} to start from")
         saved = checkpointer.saved_params(step)
-        source_scanned = None if config is None else layer_layout.is_scanned(saved, config=config)
+        source_scanned = None if config is None else layer_layout.is_scanned(saved, config=config, head=head)
         if config is not None and source_scanned is not None and source_scanned != config.scan_layers:
             # Matched and restored in the source's layout, converted to ours at the end.
             source = dataclasses.replace(config, scan_layers=source_scanned)
             conversion = (config, shardings)
-            fresh_params = layer_layout.convert_layers(fresh_params, config=source)
-            shardings = layer_layout.convert_layers(shardings, config=source)
+            fresh_params = layer_layout.convert_layers(fresh_params, config=source, head=head)
+            shardings = layer_layout.convert_layers(shardings, config=source, head=head)
         leaves, treedef = jax.tree_util.tree_flatten_with_path(fresh_params)
         sharding_leaves = jax.tree_util.tree_leaves(shardings, is_leaf=lambda x: isinstance(x, Sharding))
         if len(sharding_leaves) != len(leaves):
             raise ValueError(f"shardings has {len(sharding_leaves)} leaves, fresh_params {len(leaves)}")
         paths = [path_str(path) for path, _ in leaves]
-        new_patterns = heads.fresh_param_patterns() if new_patterns is None else new_patterns
+        if new_patterns is None:
+            new_patterns = () if head is None or config is None else head.fresh_param_patterns(config)
         patterns = [re.compile(p) for p in new_patterns]
         missing = [p for p in paths if p not in saved and not any(q.fullmatch(p) for q in patterns)]
         unused = sorted(set(saved) - set(paths))
@@ -141,17 +143,18 @@ def params_from_run(*, model_dir: str | os.PathLike, fresh_params: Any, sharding
         return params
     ours, our_shardings = conversion
     logger.info("converted the layer stacks of %s to scan_layers=%s", directory, ours.scan_layers)
-    return jax.jit(functools.partial(layer_layout.convert_layers, config=ours), out_shardings=our_shardings)(params)
+    return jax.jit(functools.partial(layer_layout.convert_layers, config=ours, head=head),
+                   out_shardings=our_shardings)(params)
 
 
-def _network_config(trainer: Trainer) -> T5Config:
-    """The T5 network of the trainer's model: warm starts fill an encoder-decoder's parameters (`EncoderDecoderModel`,
-    whose `config` it is); another family's model has none to fill."""
+def _network(trainer: Trainer) -> tuple[T5Config, OutputHead]:
+    """The T5 network and output head of the trainer's model: warm starts fill an encoder-decoder's parameters
+    (`EncoderDecoderModel`, whose `config` and `head` they are); another family's model has none to fill."""
     config = getattr(trainer.model, "config", None)
     if not isinstance(config, T5Config):
         raise TypeError(f"a warm start (init_checkpoint) fills a T5 network's parameters; the trainer's model is a "
                         f"{type(trainer.model).__name__}, whose config is {type(config).__name__}")
-    return config
+    return config, getattr(trainer.model, "head")
 
 
 def initialize_from_run(*, state: TrainState, trainer: Trainer, model_dir: str | os.PathLike) -> TrainState:
@@ -159,9 +162,10 @@ def initialize_from_run(*, state: TrainState, trainer: Trainer, model_dir: str |
     layer layout."""
     boxed = jax.eval_shape(lambda: trainer.model.init(jax.random.PRNGKey(0), input_length=trainer.input_length,
                                                       target_length=trainer.target_length))["params"]
+    config, head = _network(trainer)
     params = params_from_run(model_dir=model_dir, fresh_params=state.params,
                              shardings=trainer.state_shardings.params, vocab_axes=vocabulary_axes(boxed),
-                             config=_network_config(trainer))
+                             config=config, head=head)
     return dataclasses.replace(state, params=jax.tree_util.tree_map(jnp.asarray, params))
 
 
@@ -172,7 +176,8 @@ def initialize_from_pretrained(*, state: TrainState, trainer: Trainer, checkpoin
     Call once, before step 0, when there is no checkpoint of the run to resume from. The optimizer state is kept:
     Adafactor's and Adam's initial statistics do not depend on the parameter values.
     """
-    params = pretrained.load_pretrained_params(checkpoint_dir=checkpoint_dir, config=_network_config(trainer),
+    config, head = _network(trainer)
+    params = pretrained.load_pretrained_params(checkpoint_dir=checkpoint_dir, config=config, head=head,
                                                fresh_params=state.params,
                                                shardings=trainer.state_shardings.params, fresh_patterns=fresh_patterns)
     return dataclasses.replace(state, params=params)

@@ -23,6 +23,7 @@ from gr_jax.dense.model import DOCUMENT, QUERY, DualEncoderConfig, DualEncoderMo
 from gr_jax.dense.similarity import scores
 from gr_jax.dense.towers import T5EncoderTower, Tokens
 from gr_jax.evaluation import brier_score
+from gr_jax.heads import StandardHead
 from gr_jax.trainer import Trainer
 
 from conftest import FIXTURES
@@ -566,7 +567,7 @@ def test_t5_tower_loads_only_the_encoder_of_a_hugging_face_checkpoint(tmp_path):
     full_fresh = partitioning.strip_boxes(jax.eval_shape(lambda: EncoderDecoderModel(config=config).init(
         jax.random.PRNGKey(0), input_length=8, target_length=4))["params"])
     full = pretrained.load_pretrained_params(
-        checkpoint_dir=tmp_path, config=config, fresh_params=full_fresh,
+        checkpoint_dir=tmp_path, config=config, head=StandardHead(), fresh_params=full_fresh,
         shardings=jax.tree.map(lambda _: jax.sharding.SingleDeviceSharding(jax.devices()[0]), full_fresh))
     full = {path_str(p): v for p, v in jax.tree_util.tree_flatten_with_path(full)[0]}
     flat = {path_str(p): v for p, v in jax.tree_util.tree_flatten_with_path(loaded)[0]}

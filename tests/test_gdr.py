@@ -257,9 +257,9 @@ def test_recall_from_one_encoding_equals_separate_beam_search_and_query_vectors(
 
 
 def test_a_head_that_ranks_in_one_pass_is_refused():
-    import dataclasses
+    from gr_jax.heads import AtomicHead
     with pytest.raises(ValueError, match="atomic"):
-        GdrModel(config=dataclasses.replace(MICRO, decoder_head="atomic"), document_dim=16)
+        GdrModel(config=MICRO, head=AtomicHead(), document_dim=16)
 
 
 def test_minilm_query_tower_of_the_document_width_is_the_dense_query_encoder():

@@ -6,6 +6,7 @@ import pytest
 from gr_jax import experiment as experiment_lib
 from gr_jax import gin_utils
 from gr_jax import network
+from gr_jax.heads import PawaHead, StandardHead
 
 GIN_DIR = gin_utils.GIN_CONFIGS_DIR
 # T5.1.1 dimensions (emb, heads, layers per stack, mlp, head_dim): the published sizes, our CPU tiny, and the
@@ -103,14 +104,14 @@ def test_dense_gins_bind_a_dense_experiment_through_the_experiment_macro(gin_fil
 
 @pytest.mark.parametrize("gin_files, check", [
     (["gdr/train.gin", "models/t5_1_1/tiny.gin"], lambda e: e.query_tower is None
-     and e.network_config.emb_dim == 256 and e.network_config.decoder_head == "standard"
+     and e.network_config.emb_dim == 256 and e.head == StandardHead()
      and e.loss.cluster_negative_weight == 2.0 and e.dataset.num_cluster_negatives == 8),
     (["gdr/minilm.gin", "models/t5_1_1/tiny.gin"], lambda e: type(e.query_tower).__name__ == "MiniLMTower"
      and e.query_tower_from_document_encoder
      and list(gin.query_parameter("optimizers.make_optimizer.learning_rate_scales")) == ["tower/.*"]
      and gin.query_parameter("%TOWER_LEARNING_RATE_SCALE") == 0.02),
     (["gdr/train.gin", "models/t5_1_1/tiny.gin", "decoders/pawa.gin"],
-     lambda e: e.network_config.decoder_head == "pawa"),
+     lambda e: e.head == PawaHead()),
 ])
 def test_gdr_gins_bind_a_gdr_experiment_through_the_experiment_macro(gin_files, check):
     from gr_jax.gdr.experiment import GdrExperiment

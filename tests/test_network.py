@@ -8,9 +8,11 @@ import pytest
 from flax import linen as nn
 
 from gr_jax import network
+from gr_jax.heads import StandardHead
 
 TINY = network.T5Config(vocab_size=2048, emb_dim=256, num_heads=4, num_encoder_layers=4, num_decoder_layers=4,
                         head_dim=64, mlp_dim=512)
+STANDARD = StandardHead()  # T5.1.1's output layer
 MICRO = network.T5Config(vocab_size=128, emb_dim=32, num_heads=2, num_encoder_layers=2, num_decoder_layers=2,
                          head_dim=8, mlp_dim=64, dropout_rate=0.0)
 
@@ -18,11 +20,11 @@ MICRO = network.T5Config(vocab_size=128, emb_dim=32, num_heads=2, num_encoder_la
 def _variables(cfg, input_length=7, target_length=5):
     enc = jnp.ones((1, input_length), jnp.int32)
     dec = jnp.ones((1, target_length), jnp.int32)
-    return network.Transformer(cfg).init(jax.random.PRNGKey(0), enc, dec)
+    return network.Transformer(cfg, head=STANDARD).init(jax.random.PRNGKey(0), enc, dec)
 
 
 def _init(cfg):
-    return network.Transformer(cfg), _initial_variables(cfg)
+    return network.Transformer(cfg, head=STANDARD), _initial_variables(cfg)
 
 
 @functools.cache
@@ -36,19 +38,19 @@ def _initial_variables(cfg):
 # ops compiles on its own), shared by the tests below.
 @functools.partial(jax.jit, static_argnums=0, static_argnames="enable_dropout")
 def _apply(cfg, variables, enc, dec, rngs=None, *, enable_dropout=False):
-    return network.Transformer(cfg).apply(variables, enc, dec, enable_dropout=enable_dropout, rngs=rngs)
+    return network.Transformer(cfg, head=STANDARD).apply(variables, enc, dec, enable_dropout=enable_dropout, rngs=rngs)
 
 
 @functools.partial(jax.jit, static_argnums=0, static_argnames="max_decode_len")
 def _prefill(cfg, variables, enc, *, max_decode_len):
-    return network.Transformer(cfg).apply(variables, enc, max_decode_len=max_decode_len,
+    return network.Transformer(cfg, head=STANDARD).apply(variables, enc, max_decode_len=max_decode_len,
                                           method=network.Transformer.prefill)
 
 
 @functools.partial(jax.jit, static_argnums=0)
 def _decode_step(cfg, variables, tokens, position, cache, context):
-    return network.Transformer(cfg).apply(variables, tokens, position=position, cache=cache, context=context,
-                                          method=network.Transformer.decode_step)
+    return network.Transformer(cfg, head=STANDARD).apply(variables, tokens, position=position, cache=cache,
+                                                         context=context, method=network.Transformer.decode_step)
 
 
 def _expected_param_count(cfg: network.T5Config) -> int:
@@ -107,7 +109,7 @@ def test_incremental_decoding_matches_teacher_forcing():
     # Compiled whole; one decode step program for all t.
     full = _apply(MICRO, variables, enc, dec_in)
     context = _prefill(MICRO, variables, enc, max_decode_len=5)
-    cache = network.init_cache(MICRO, rows=3, max_decode_len=5)
+    cache = network.init_cache(MICRO, head=STANDARD, rows=3, max_decode_len=5)
     steps = []
     for t in range(5):
         logits, cache = _decode_step(MICRO, variables, dec_in[:, t], jnp.int32(t), cache, context)
@@ -123,7 +125,7 @@ def test_decode_step_shares_cross_attention_across_beams():
     tokens = jax.random.randint(jax.random.PRNGKey(4), (2 * beams,), 1, 128)
     shared = _prefill(MICRO, variables, enc, max_decode_len=4)
     repeated = _prefill(MICRO, variables, jnp.repeat(enc, beams, axis=0), max_decode_len=4)
-    cache = network.init_cache(MICRO, rows=2 * beams, max_decode_len=4)
+    cache = network.init_cache(MICRO, head=STANDARD, rows=2 * beams, max_decode_len=4)
     a, _ = _decode_step(MICRO, variables, tokens, jnp.int32(0), cache, shared)
     b, _ = _decode_step(MICRO, variables, tokens, jnp.int32(0), cache, repeated)
     np.testing.assert_allclose(a, b, atol=1e-5)
@@ -196,7 +198,7 @@ def test_remat_gives_the_same_logits_and_gradients():
     params = _initial_variables(config)["params"]  # remat changes no parameter: one init for both settings
     results = []
     for remat in (False, True):
-        module = network.Transformer(network.T5Config(**{**config.__dict__, "remat": remat}))
+        module = network.Transformer(network.T5Config(**{**config.__dict__, "remat": remat}), head=STANDARD)
 
         @jax.jit  # one program per setting: run op by op, the remat'd layers compile hundreds of small programs
         def value_and_grad(params):
@@ -229,7 +231,7 @@ def test_bfloat16_parameters_are_bfloat16_kernels_too():
 
 def _dropout_mask_shapes(cfg, *, batch=2, input_length=7, target_length=5) -> list[tuple[int, ...]]:
     """The shape of every dropout mask drawn by a teacher-forced forward pass (the `random_bits` of the jaxpr)."""
-    module = network.Transformer(cfg)
+    module = network.Transformer(cfg, head=STANDARD)
     variables = jax.eval_shape(lambda: _variables(cfg))  # the trace needs their shapes only
     enc = jnp.ones((batch, input_length), jnp.int32)
     dec = jnp.ones((batch, target_length), jnp.int32)

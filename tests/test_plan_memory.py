@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from gr_jax import network
+from gr_jax.heads import StandardHead
 from gr_jax.tools import plan_memory
 
 MICRO = network.T5Config(vocab_size=512, emb_dim=64, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
@@ -49,7 +50,7 @@ def test_argument_bytes_are_the_sharded_state_batch_and_key(mesh_shape, rules_2d
                                     - result["alias_bytes"])
     # The network's parameters by their shapes (op by op, initialising them compiles each of its ops on its own).
     assert result["params"] == sum(math.prod(x.shape) for x in jax.tree.leaves(jax.eval_shape(
-        lambda: network.Transformer(MICRO).init(jax.random.PRNGKey(0), np.ones((1, 16), np.int32),
+        lambda: network.Transformer(MICRO, head=StandardHead()).init(jax.random.PRNGKey(0), np.ones((1, 16), np.int32),
                                                 np.ones((1, 4), np.int32))["params"])))
 
 

@@ -26,11 +26,13 @@ from gr_jax import partitioning
 from gr_jax import pretrained
 from gr_jax import warm_start
 from gr_jax.data.readers import DataFormatError
+from gr_jax.heads import AtomicHead, PawaHead, StandardHead
 from gr_jax.models import EncoderDecoderModel
 from gr_jax.partitioning import path_str, strip_boxes
 from gr_jax.trainer import Trainer
 
 D_MODEL, D_KV, HEADS, D_FF, ENC_LAYERS, DEC_LAYERS, VOCAB = 16, 3, 8, 32, 2, 3, 128
+STANDARD = StandardHead()  # T5.1.1's output layer, which lm_head fills
 # Lengths beyond the exact buckets (8 bidirectional, 16 causal) exercise the log-spaced relative buckets.
 ENC_LEN, DEC_LEN = 40, 24
 
@@ -263,17 +265,17 @@ def mesh():
 
 
 @functools.lru_cache(maxsize=None)
-def abstract_params(config):
+def abstract_params(config, head=STANDARD):
     """The model's params as shapes, boxed with logical axis names (enough where nothing fresh is needed)."""
-    model = EncoderDecoderModel(config=config)
+    model = EncoderDecoderModel(config=config, head=head)
     return jax.eval_shape(lambda rng: model.init(rng, input_length=8, target_length=4)["params"],
                           jax.random.PRNGKey(1))
 
 
-def fresh_and_shardings(config, mesh, *, concrete=False):
-    """(fresh_params, shardings). Concrete fresh values are distinct random numbers in the boxed tree (the loader
-    only copies them; the real model initialisation is exercised by the Trainer test)."""
-    fresh = abstract_params(config)
+def fresh_and_shardings(config, mesh, *, concrete=False, head=STANDARD):
+    """(fresh_params, shardings) of `config` with `head`. Concrete fresh values are distinct random numbers in the
+    boxed tree (the loader only copies them; the real model initialisation is exercised by the Trainer test)."""
+    fresh = abstract_params(config, head)
     if concrete:
         rng = np.random.default_rng(99)
         fresh = jax.tree.map(lambda a: jnp.asarray(rng.standard_normal(a.shape), a.dtype), fresh)
@@ -302,12 +304,12 @@ def loaded_logits(directory, config, mesh, *, seed: int, padding: int):
     """(encoder tokens, decoder tokens, our teacher-forced logits) of the checkpoint in `directory`, loaded onto
     `mesh`: random queries of 2 rows with `padding` trailing PAD tokens."""
     fresh, shardings = fresh_and_shardings(config, mesh)
-    params = pretrained.load_pretrained_params(checkpoint_dir=directory, config=config, fresh_params=fresh,
-                                               shardings=shardings)
+    params = pretrained.load_pretrained_params(checkpoint_dir=directory, config=config, head=STANDARD,
+                                               fresh_params=fresh, shardings=shardings)
     rng = np.random.default_rng(seed)
     enc = tokens(rng, batch=2, length=ENC_LEN, vocab=VOCAB, padding=padding)
     dec = tokens(rng, batch=2, length=DEC_LEN, vocab=VOCAB, start_with_pad=True)
-    return enc, dec, np.asarray(jax.jit(network.Transformer(config).apply)({"params": params}, enc, dec))
+    return enc, dec, np.asarray(jax.jit(network.Transformer(config, head=STANDARD).apply)({"params": params}, enc, dec))
 
 
 @pytest.mark.parametrize("variant", ["t5.1.1 single file", "t5.1.1 sharded bf16", "t5 1.0 tied relu"])
@@ -433,8 +435,8 @@ def test_params_are_the_hf_tensors_in_our_layout_on_the_requested_shardings(tmp_
     directory = write_checkpoint(tmp_path / "ckpt", weights, hf_config(), num_shards=num_shards)
     config = our_config()
     fresh, shardings = fresh_and_shardings(config, mesh)
-    params = pretrained.load_pretrained_params(checkpoint_dir=directory, config=config, fresh_params=fresh,
-                                               shardings=shardings)
+    params = pretrained.load_pretrained_params(checkpoint_dir=directory, config=config, head=STANDARD,
+                                               fresh_params=fresh, shardings=shardings)
     expected = leaves_by_path(expected_params(weights))
     got, wanted = leaves_by_path(params), leaves_by_path(shardings)
     assert got.keys() == expected.keys()
@@ -461,8 +463,8 @@ def test_each_device_slice_is_read_once_and_only_that_slice(tmp_path, mesh, monk
     monkeypatch.setattr(pretrained.SafetensorsCheckpoint, "read", recording_read)
     config = our_config()
     fresh, shardings = fresh_and_shardings(config, mesh)
-    pretrained.load_pretrained_params(checkpoint_dir=directory, config=config, fresh_params=fresh,
-                                      shardings=shardings)
+    pretrained.load_pretrained_params(checkpoint_dir=directory, config=config, head=STANDARD,
+                                      fresh_params=fresh, shardings=shardings)
 
     def shapes(name):
         return [shape for n, shape in reads if n == name]
@@ -480,8 +482,8 @@ def test_larger_vocabulary_keeps_pretrained_rows_and_takes_the_rest_fresh(tmp_pa
     directory = write_checkpoint(tmp_path / "ckpt", weights, hf_config())
     config = our_config(vocab_size=2 * VOCAB)  # e.g. 2D semantic docid tokens appended after the word pieces.
     fresh, shardings = fresh_and_shardings(config, mesh, concrete=True)
-    params = pretrained.load_pretrained_params(checkpoint_dir=directory, config=config, fresh_params=fresh,
-                                               shardings=shardings)
+    params = pretrained.load_pretrained_params(checkpoint_dir=directory, config=config, head=STANDARD,
+                                               fresh_params=fresh, shardings=shardings)
     fresh = strip_boxes(fresh)
     embedder, logits = np.asarray(params["token_embedder"]), np.asarray(params["logits_dense"])
     np.testing.assert_array_equal(embedder[:VOCAB], weights["shared.weight"])
@@ -498,8 +500,8 @@ def test_separate_output_vocabulary_gets_a_fresh_output_layer(tmp_path, mesh):
     directory = write_checkpoint(tmp_path / "ckpt", weights, hf_config())
     config = our_config(output_vocab_size=64)  # An atomic docid head: one logit per document.
     fresh, shardings = fresh_and_shardings(config, mesh, concrete=True)
-    params = pretrained.load_pretrained_params(checkpoint_dir=directory, config=config, fresh_params=fresh,
-                                               shardings=shardings)
+    params = pretrained.load_pretrained_params(checkpoint_dir=directory, config=config, head=STANDARD,
+                                               fresh_params=fresh, shardings=shardings)
     np.testing.assert_array_equal(np.asarray(params["logits_dense"]), np.asarray(strip_boxes(fresh)["logits_dense"]))
     np.testing.assert_array_equal(np.asarray(params["token_embedder"]), weights["shared.weight"])
     assert params["logits_dense"].sharding == shardings["logits_dense"]
@@ -510,13 +512,12 @@ def test_new_output_heads_are_fresh_and_the_rest_pretrained(tmp_path, mesh, head
     weights = hf_weights(14)
     directory = write_checkpoint(tmp_path / "ckpt", weights, hf_config())
     if head == "atomic":  # One output column per docid (+ PAD, EOS), no logits_dense.
-        config = our_config(decoder_head="atomic", docid_vocab_start=VOCAB - 2, docid_vocab_size=60)
+        config, output_head = our_config(), AtomicHead(docid_vocab_start=VOCAB - 2, docid_vocab_size=60)
     else:  # 2D semantic docid tokens appended after the text vocabulary; a randomly initialised PAWA stack.
-        config = our_config(decoder_head="pawa", vocab_size=2 * VOCAB, docid_vocab_start=VOCAB,
-                            docid_vocab_size=100)
-    fresh, shardings = fresh_and_shardings(config, mesh, concrete=True)
-    params = pretrained.load_pretrained_params(checkpoint_dir=directory, config=config, fresh_params=fresh,
-                                               shardings=shardings)
+        config, output_head = our_config(vocab_size=2 * VOCAB), PawaHead(docid_vocab_start=VOCAB, docid_vocab_size=100)
+    fresh, shardings = fresh_and_shardings(config, mesh, concrete=True, head=output_head)
+    params = pretrained.load_pretrained_params(checkpoint_dir=directory, config=config, head=output_head,
+                                               fresh_params=fresh, shardings=shardings)
     fresh = leaves_by_path(strip_boxes(fresh))
     got = leaves_by_path(params)
     new = [path for path in got if path.startswith(("atomic_logits_dense", "pawa/"))]
@@ -540,14 +541,14 @@ def test_abstract_fresh_params_suffice_when_everything_is_pretrained(tmp_path, m
     directory = write_checkpoint(tmp_path / "ckpt", weights, hf_config())
     config = our_config()
     abstract, shardings = fresh_and_shardings(config, mesh)
-    params = pretrained.load_pretrained_params(checkpoint_dir=directory, config=config, fresh_params=abstract,
-                                               shardings=shardings)
+    params = pretrained.load_pretrained_params(checkpoint_dir=directory, config=config, head=STANDARD,
+                                               fresh_params=abstract, shardings=shardings)
     np.testing.assert_array_equal(np.asarray(params["decoder_layers_1"]["mlp"]["wi_1"]),
                                   weights["decoder.block.1.layer.2.DenseReluDense.wi_1.weight"].T)
     with pytest.raises(ValueError, match=r"params\['logits_dense'\] has no pretrained value and fresh_params holds "
                                          r"only its shape"):
-        pretrained.load_pretrained_params(checkpoint_dir=directory, config=config, fresh_params=abstract,
-                                          shardings=shardings, fresh_patterns=["logits_dense"])
+        pretrained.load_pretrained_params(checkpoint_dir=directory, config=config, head=STANDARD,
+                                          fresh_params=abstract, shardings=shardings, fresh_patterns=["logits_dense"])
 
 
 def test_unknown_parameters_fail_unless_declared_fresh(tmp_path, mesh):
@@ -559,10 +560,10 @@ def test_unknown_parameters_fail_unless_declared_fresh(tmp_path, mesh):
     shardings["adapter"] = {"kernel": shardings["token_embedder"]}
     with pytest.raises(ValueError, match=r"1 parameter\(s\) have no tensor in a T5 checkpoint: "
                                          r"\['adapter/kernel'\].*fresh_patterns"):
-        pretrained.load_pretrained_params(checkpoint_dir=directory, config=config, fresh_params=fresh,
-                                          shardings=shardings)
-    params = pretrained.load_pretrained_params(checkpoint_dir=directory, config=config, fresh_params=fresh,
-                                               shardings=shardings, fresh_patterns=[r"adapter/.*"])
+        pretrained.load_pretrained_params(checkpoint_dir=directory, config=config, head=STANDARD,
+                                          fresh_params=fresh, shardings=shardings)
+    params = pretrained.load_pretrained_params(checkpoint_dir=directory, config=config, head=STANDARD,
+                                               fresh_params=fresh, shardings=shardings, fresh_patterns=[r"adapter/.*"])
     np.testing.assert_array_equal(np.asarray(params["adapter"]["kernel"]), np.arange(32.0).reshape(8, 4))
     assert params["adapter"]["kernel"].sharding == shardings["token_embedder"]
 
@@ -604,8 +605,8 @@ def test_initialize_from_pretrained_gives_a_trainable_state(tmp_path, mesh):
 
 def _load(directory, config, mesh, **kwargs):
     fresh, shardings = fresh_and_shardings(config, mesh)
-    return pretrained.load_pretrained_params(checkpoint_dir=directory, config=config, fresh_params=fresh,
-                                             shardings=shardings, **kwargs)
+    return pretrained.load_pretrained_params(checkpoint_dir=directory, config=config, head=STANDARD,
+                                             fresh_params=fresh, shardings=shardings, **kwargs)
 
 
 def _json_line(directory, key):

@@ -21,6 +21,7 @@ from gr_jax import pretrained
 from gr_jax import warm_start
 from gr_jax.checkpoints import Checkpointer
 from gr_jax.docids.trie import Trie
+from gr_jax.heads import AtomicHead, PawaHead, StandardHead
 from gr_jax.models import EncoderDecoderModel
 from gr_jax.partitioning import path_str
 from gr_jax.run_dir import RunDir
@@ -34,11 +35,11 @@ from test_pretrained import fresh_and_shardings, hf_config, hf_weights, our_conf
 MICRO = network.T5Config(vocab_size=128, emb_dim=32, num_heads=4, num_encoder_layers=3, num_decoder_layers=2,
                          head_dim=8, mlp_dim=64, dropout_rate=0.0)
 DOCIDS_START, POSITIONS, VALUES = 100, 3, 4  # 2D semantic ids for PAWA: 3 positions x 4 values after 100 pieces
+STANDARD = StandardHead()
 HEADS = {
-    "standard": MICRO,
-    "atomic": dataclasses.replace(MICRO, decoder_head="atomic", docid_vocab_start=100, docid_vocab_size=200),
-    "pawa": dataclasses.replace(MICRO, decoder_head="pawa", docid_vocab_start=DOCIDS_START,
-                                docid_vocab_size=POSITIONS * VALUES, pawa_num_layers=3),
+    "standard": STANDARD,
+    "atomic": AtomicHead(docid_vocab_start=100, docid_vocab_size=200),
+    "pawa": PawaHead(docid_vocab_start=DOCIDS_START, docid_vocab_size=POSITIONS * VALUES, num_layers=3),
 }
 
 
@@ -46,23 +47,23 @@ def scanned(config: network.T5Config) -> network.T5Config:
     return dataclasses.replace(config, scan_layers=True)
 
 
-def _variables(config: network.T5Config):
-    return EncoderDecoderModel(config=config).init(jax.random.PRNGKey(0), input_length=7, target_length=4)
+def _variables(config: network.T5Config, head=STANDARD):
+    return EncoderDecoderModel(config=config, head=head).init(jax.random.PRNGKey(0), input_length=7, target_length=4)
 
 
-def init(config: network.T5Config, *, boxed: bool = False, abstract: bool = False):
+def init(config: network.T5Config, head=STANDARD, *, boxed: bool = False, abstract: bool = False):
     if not abstract:  # the same values each time: computed once per config (remat: the same), in fresh containers
-        params = _params(dataclasses.replace(config, remat=False))
+        params = _params(dataclasses.replace(config, remat=False), head)
         return jax.tree.map(lambda x: x, params) if boxed else nn.unbox(params)
-    variables = jax.eval_shape(lambda: _variables(config))
+    variables = jax.eval_shape(lambda: _variables(config, head))
     return variables["params"] if boxed else nn.unbox(variables)["params"]
 
 
 @functools.cache
-def _params(config: network.T5Config):
-    """The boxed parameters of `config`, initialised op by op: the initialiser's ops compile once per shape, for
-    every config (one compiled initialiser per config compiles a threefry program for each parameter)."""
-    return _variables(config)["params"]
+def _params(config: network.T5Config, head):
+    """The boxed parameters of `config` with `head`, initialised op by op: the initialiser's ops compile once per
+    shape, for every config (one compiled initialiser per config compiles a threefry program for each parameter)."""
+    return _variables(config, head)["params"]
 
 
 def started(trainer: Trainer, boxed_params) -> TrainState:
@@ -114,10 +115,11 @@ def assert_trees_close(a, b, *, atol=1e-5):
 
 @pytest.mark.parametrize("head", sorted(HEADS))
 def test_scanned_tree_stacks_each_layer_stack_with_the_same_parameters(head):
-    config = HEADS[head]
-    flat, stacked = init(config, boxed=True, abstract=True), init(scanned(config), boxed=True, abstract=True)
+    config, output_head = MICRO, HEADS[head]
+    flat = init(config, output_head, boxed=True, abstract=True)
+    stacked = init(scanned(config), output_head, boxed=True, abstract=True)
     assert count(nn.unbox(flat)) == count(nn.unbox(stacked))
-    stacks = layer_layout.layer_stacks(config)
+    stacks = layer_layout.layer_stacks(config, head=output_head)
     assert set(stacks) == {"encoder_layers", "decoder_layers"} | ({"pawa/layers"} if head == "pawa" else set())
     for path, box in jax.tree_util.tree_flatten_with_path(stacked, is_leaf=partitioning.is_box)[0]:
         path = path_str(path)
@@ -127,7 +129,7 @@ def test_scanned_tree_stacks_each_layer_stack_with_the_same_parameters(head):
         else:
             assert box.names[0] == network.LAYERS and box.value.shape[0] == stacks[stack], (path, box.names)
     # The converter of boxed shapes gives the scanned init's tree: same paths, shapes and logical names.
-    converted = layer_layout.stack_layers(flat, config=config)
+    converted = layer_layout.stack_layers(flat, config=config, head=output_head)
     expected = jax.tree_util.tree_flatten_with_path(stacked, is_leaf=partitioning.is_box)[0]
     got = jax.tree_util.tree_flatten_with_path(converted, is_leaf=partitioning.is_box)[0]
     assert [(path_str(p), b.value.shape, b.names) for p, b in got] == \
@@ -141,13 +143,14 @@ def test_layers_axis_is_replicated_and_every_other_axis_shards_as_unscanned(rule
     rules = partitioning.LOGICAL_AXIS_RULES_2D if rules_2d else partitioning.LOGICAL_AXIS_RULES
     assert ("layers", None) in rules
     mesh = partitioning.make_mesh(data=2, model=4)
-    config = HEADS["pawa"]
-    flat = partitioning.logical_shardings(init(config, boxed=True, abstract=True), mesh=mesh, rules=rules)
-    stacked = partitioning.logical_shardings(init(scanned(config), boxed=True, abstract=True), mesh=mesh, rules=rules)
+    config, head = MICRO, HEADS["pawa"]
+    flat = partitioning.logical_shardings(init(config, head, boxed=True, abstract=True), mesh=mesh, rules=rules)
+    stacked = partitioning.logical_shardings(init(scanned(config), head, boxed=True, abstract=True), mesh=mesh,
+                                             rules=rules)
     for path, sharding in by_path(stacked).items():
         if path.startswith(("encoder_layers/", "decoder_layers/", "pawa/layers/")):
             assert sharding.spec[0] is None, path
-    assert by_path(layer_layout.unstack_layers(stacked, config=config)) == by_path(flat)
+    assert by_path(layer_layout.unstack_layers(stacked, config=config, head=head)) == by_path(flat)
     some = by_path(stacked)["decoder_layers/mlp/wi_0"]
     assert tuple(some.spec) == (None, "data" if rules_2d else None, "model")
 
@@ -160,41 +163,41 @@ def filled(tree, *, seed: int):
 
 
 def test_converter_round_trip_is_exact():
-    config = HEADS["pawa"]
-    flat = jax.tree.map(jnp.asarray, filled(init(config, abstract=True), seed=0))
-    stacked = layer_layout.stack_layers(flat, config=config)
+    config, head = MICRO, HEADS["pawa"]
+    flat = jax.tree.map(jnp.asarray, filled(init(config, head, abstract=True), seed=0))
+    stacked = layer_layout.stack_layers(flat, config=config, head=head)
     assert stacked["encoder_layers"]["mlp"]["wo"].shape == (3, 64, 32)
     assert stacked["pawa"]["layers"]["self_attention"]["query"].shape == (3, 32, 4, 8)
-    back = layer_layout.unstack_layers(stacked, config=config)
+    back = layer_layout.unstack_layers(stacked, config=config, head=head)
     assert jax.tree.structure(back) == jax.tree.structure(flat)
     for path, leaf in by_path(flat).items():
         np.testing.assert_array_equal(np.asarray(by_path(back)[path]), np.asarray(leaf), err_msg=path)
     np.testing.assert_array_equal(stacked["decoder_layers"]["mlp"]["wi_1"][1], flat["decoder_layers_1"]["mlp"]["wi_1"])
     # The other direction from a scanned init, on host (numpy stays numpy), and each function passes through a tree
     # already in its layout.
-    host = filled(init(scanned(config), abstract=True), seed=1)
-    unstacked = layer_layout.unstack_layers(host, config=config)
+    host = filled(init(scanned(config), head, abstract=True), seed=1)
+    unstacked = layer_layout.unstack_layers(host, config=config, head=head)
     assert isinstance(unstacked["encoder_layers_2"]["attention"]["key"], np.ndarray)
-    restacked = layer_layout.stack_layers(unstacked, config=config)
+    restacked = layer_layout.stack_layers(unstacked, config=config, head=head)
     assert isinstance(restacked["encoder_layers"]["attention"]["key"], np.ndarray)
     for path, leaf in by_path(host).items():
         np.testing.assert_array_equal(by_path(restacked)[path], leaf, err_msg=path)
-    assert by_path(layer_layout.stack_layers(host, config=config)).keys() == by_path(host).keys()
-    assert by_path(layer_layout.unstack_layers(flat, config=config)).keys() == by_path(flat).keys()
-    assert layer_layout.is_scanned(by_path(host), config=config) is True
-    assert layer_layout.is_scanned(by_path(flat), config=config) is False
-    assert layer_layout.is_scanned(["token_embedder"], config=config) is None
+    assert by_path(layer_layout.stack_layers(host, config=config, head=head)).keys() == by_path(host).keys()
+    assert by_path(layer_layout.unstack_layers(flat, config=config, head=head)).keys() == by_path(flat).keys()
+    assert layer_layout.is_scanned(by_path(host), config=config, head=head) is True
+    assert layer_layout.is_scanned(by_path(flat), config=config, head=head) is False
+    assert layer_layout.is_scanned(["token_embedder"], config=config, head=head) is None
 
 
 def test_converter_refuses_a_tree_of_another_depth():
-    config = HEADS["standard"]
+    config, head = MICRO, STANDARD
     # The trees' shapes (initialising the scanned stacks would compile a scan of each's initialiser).
     deeper = init(dataclasses.replace(config, num_decoder_layers=3), abstract=True)
     with pytest.raises(ValueError, match=r"decoder_layers_\*/.*layers \[0, 1, 2\], but the config's stack has 2"):
-        layer_layout.stack_layers(deeper, config=config)
+        layer_layout.stack_layers(deeper, config=config, head=head)
     with pytest.raises(ValueError, match="a scanned stack of 2 layers has them first"):
         layer_layout.unstack_layers(init(scanned(dataclasses.replace(config, num_decoder_layers=3)), abstract=True),
-                                    config=config)
+                                    config=config, head=head)
 
 
 def test_gin_binds_scan_layers():
@@ -208,18 +211,18 @@ def test_gin_binds_scan_layers():
 
 @pytest.mark.parametrize("head,remat", [("standard", True), ("atomic", False), ("pawa", False)])
 def test_teacher_forced_outputs_and_gradients_equal_the_unscanned_network(head, remat):
-    config = dataclasses.replace(HEADS[head], remat=remat)
-    flat = init(config)
-    stacked = layer_layout.stack_layers(flat, config=config)
+    config, head = dataclasses.replace(MICRO, remat=remat), HEADS[head]
+    flat = init(config, head)
+    stacked = layer_layout.stack_layers(flat, config=config, head=head)
     enc, dec = queries(), decoder_inputs()
 
     def outputs(cfg, params):
-        module = network.Transformer(cfg)
+        module = network.Transformer(cfg, head=head)
         logits, states = module.apply({"params": params}, enc, dec, return_states=True)
         return logits, states, module.apply({"params": params}, enc, method=network.Transformer.encode)
 
     def loss(cfg, params):
-        logits = network.Transformer(cfg).apply({"params": params}, enc, dec)
+        logits = network.Transformer(cfg, head=head).apply({"params": params}, enc, dec)
         return jnp.sum(jnp.where(logits > network.NEG_INF / 2, jax.nn.log_softmax(logits), 0.0)[..., 3])
 
     def outputs_and_grads(cfg, params):
@@ -236,19 +239,20 @@ def test_teacher_forced_outputs_and_gradients_equal_the_unscanned_network(head, 
         np.testing.assert_allclose(b, a, atol=1e-5, rtol=1e-5)
 
     # Gradients through the scan (rematerialised or not) are the unscanned ones, stacked.
-    assert_trees_close(scanned_grads, layer_layout.stack_layers(flat_grads, config=config), atol=1e-5)
+    assert_trees_close(scanned_grads, layer_layout.stack_layers(flat_grads, config=config, head=head), atol=1e-5)
 
 
 @pytest.mark.parametrize("head", ["standard", "pawa"])
 def test_incremental_decoding_equals_the_unscanned_network(head):
-    config = HEADS[head]
-    model, flat = EncoderDecoderModel(config=config), init(config)
-    scanned_model, stacked = EncoderDecoderModel(config=scanned(config)), layer_layout.stack_layers(flat, config=config)
+    config, output_head = MICRO, HEADS[head]
+    model, flat = EncoderDecoderModel(config=config, head=output_head), init(config, output_head)
+    scanned_model = EncoderDecoderModel(config=scanned(config), head=output_head)
+    stacked = layer_layout.stack_layers(flat, config=config, head=output_head)
     enc, dec = queries(), decoder_inputs()
     full = model.module.apply({"params": flat}, enc, dec)
 
     def steps(m, params):
-        context, cache = m._prefill(params, enc, 4), network.init_cache(m.config, rows=3, max_decode_len=4)
+        context, cache = m._prefill(params, enc, 4), m.init_cache(rows=3, max_decode_len=4)
         out = []
         for t in range(4):
             logits, cache = m._step_fn(params, context)(jnp.asarray(dec[:, t]), jnp.int32(t), cache)
@@ -268,13 +272,13 @@ def test_incremental_decoding_equals_the_unscanned_network(head):
 
 
 def test_beam_search_and_greedy_decoding_equal_the_unscanned_network():
-    config = HEADS["standard"]
-    flat = init(config)
-    stacked = layer_layout.stack_layers(flat, config=config)
+    config, head = MICRO, STANDARD
+    flat = init(config, head)
+    stacked = layer_layout.stack_layers(flat, config=config, head=head)
     enc = queries()
     results = []
     for cfg, params in ((config, flat), (scanned(config), stacked)):
-        model = EncoderDecoderModel(config=cfg)
+        model = EncoderDecoderModel(config=cfg, head=head)
         beams = jax.jit(lambda p, q: model.beam_search(p, q, num_beams=4, max_decode_len=5))(params, enc)
         greedy = jax.jit(lambda p, q: model.sample_batch(p, q, rng=jax.random.PRNGKey(0), max_decode_len=5,
                                                          temperature=0.0))(params, enc)
@@ -287,13 +291,13 @@ def test_beam_search_and_greedy_decoding_equal_the_unscanned_network():
 
 
 def test_pawa_constrained_beam_search_equals_the_unscanned_network():
-    config = HEADS["pawa"]
-    flat = init(config)
-    stacked = layer_layout.stack_layers(flat, config=config)
-    trie = Trie.build(docid_table(20), vocab_size=config.logits_vocab_size)
+    config, head = MICRO, HEADS["pawa"]
+    flat = init(config, head)
+    stacked = layer_layout.stack_layers(flat, config=config, head=head)
+    trie = Trie.build(docid_table(20), vocab_size=head.logits_vocab_size(config))
     results = []
     for cfg, params in ((config, flat), (scanned(config), stacked)):
-        model = EncoderDecoderModel(config=cfg)
+        model = EncoderDecoderModel(config=cfg, head=head)
         results.append(jax.jit(lambda p, q, t: model.predict_batch(p, q, num_beams=5, max_decode_len=4, trie=t))(
             params, queries(2), trie))
     np.testing.assert_array_equal(results[1].sequences, results[0].sequences)
@@ -322,17 +326,18 @@ def test_train_step_with_scanned_layers():
     flat_trainer, scanned_trainer = trainer(MICRO, adafactor()), trainer(scanned(MICRO), adafactor())
     flat_params = init(MICRO, boxed=True)
     flat_state = started(flat_trainer, flat_params)
-    state = started(scanned_trainer, layer_layout.stack_layers(flat_params, config=MICRO))
+    state = started(scanned_trainer, layer_layout.stack_layers(flat_params, config=MICRO, head=STANDARD))
     assert tuple(state.params["decoder_layers"]["mlp"]["wi_0"].sharding.spec) == (None, None, "model")
     for _ in range(2):
         flat_state, flat_metrics = flat_trainer.train_step(flat_state, batch, jax.random.PRNGKey(1))
         state, metrics = scanned_trainer.train_step(state, batch, jax.random.PRNGKey(1))
         np.testing.assert_allclose(float(metrics["loss"].total), float(flat_metrics["loss"].total), rtol=1e-6)
-    assert_trees_close(state.params, layer_layout.stack_layers(flat_state.params, config=MICRO), atol=1e-5)
+    assert_trees_close(state.params, layer_layout.stack_layers(flat_state.params, config=MICRO, head=STANDARD),
+                       atol=1e-5)
 
     config = dataclasses.replace(scanned(MICRO), remat=True, dropout_rate=0.1)
     real = trainer(config, optimizers.make_optimizer(name="adafactor", learning_rate=1e-2))
-    state = started(real, layer_layout.stack_layers(init(MICRO, boxed=True), config=MICRO))
+    state = started(real, layer_layout.stack_layers(init(MICRO, boxed=True), config=MICRO, head=STANDARD))
     assert real.param_count() == flat_trainer.param_count()
     losses = []
     for _ in range(3):
@@ -348,13 +353,13 @@ def test_pretrained_checkpoint_loads_into_a_scanned_network(tmp_path):
     results = []
     for cfg in (config, scanned(config)):
         fresh, shardings = fresh_and_shardings(cfg, mesh)
-        params = pretrained.load_pretrained_params(checkpoint_dir=directory, config=cfg, fresh_params=fresh,
-                                                   shardings=shardings)
+        params = pretrained.load_pretrained_params(checkpoint_dir=directory, config=cfg, head=STANDARD,
+                                                   fresh_params=fresh, shardings=shardings)
         for path, leaf in by_path(params).items():
             assert leaf.sharding == by_path(shardings)[path], path
         results.append(params)
     flat, stacked = results
-    expected = layer_layout.stack_layers(flat, config=config)
+    expected = layer_layout.stack_layers(flat, config=config, head=STANDARD)
     for path, leaf in by_path(expected).items():
         np.testing.assert_array_equal(np.asarray(by_path(stacked)[path]), np.asarray(leaf), err_msg=path)
 
@@ -362,19 +367,20 @@ def test_pretrained_checkpoint_loads_into_a_scanned_network(tmp_path):
 @pytest.mark.parametrize("source_scanned", [False, True])
 def test_warm_start_reads_a_run_of_the_other_layout(tmp_path, source_scanned):
     mesh = partitioning.make_mesh(data=2, model=4)
-    config = HEADS["standard"]
+    config = MICRO
     source_config = dataclasses.replace(config, scan_layers=source_scanned)
     target_config = dataclasses.replace(config, scan_layers=not source_scanned)
     saved = init(config)
     with Checkpointer(RunDir.of(tmp_path / "run").checkpoints, asynchronous=False) as checkpointer:
-        checkpointer.save(5, state={"params": layer_layout.convert_layers(saved, config=source_config)},
+        checkpointer.save(5, state={"params": layer_layout.convert_layers(saved, config=source_config, head=STANDARD)},
                           input_state={})
     boxed = init(target_config, boxed=True, abstract=True)
     shardings = partitioning.logical_shardings(boxed, mesh=mesh)
     fresh = jax.device_put(jax.tree.map(jnp.zeros_like, init(target_config)), shardings)
     params = warm_start.params_from_run(model_dir=tmp_path / "run", fresh_params=fresh, shardings=shardings,
-                                        vocab_axes=warm_start.vocabulary_axes(boxed), config=target_config)
-    expected = layer_layout.convert_layers(saved, config=target_config)
+                                        vocab_axes=warm_start.vocabulary_axes(boxed), config=target_config,
+                                        head=STANDARD)
+    expected = layer_layout.convert_layers(saved, config=target_config, head=STANDARD)
     for path, leaf in by_path(params).items():
         np.testing.assert_array_equal(np.asarray(leaf), np.asarray(by_path(expected)[path]), err_msg=path)
         assert leaf.sharding == by_path(shardings)[path], path

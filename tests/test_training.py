@@ -20,6 +20,7 @@ from gr_jax import network
 from gr_jax import optimizers
 from gr_jax import partitioning
 from gr_jax import training
+from gr_jax.heads import AtomicHead, PawaHead
 from gr_jax.models import EncoderDecoderModel
 from gr_jax.run_dir import RunDir
 from gr_jax.trainer import Trainer
@@ -301,16 +302,16 @@ def test_docid_head_range_is_filled_from_the_docid_table(data_dir, tmp_path, hea
     experiment = _experiment(data_dir, tmp_path)
     experiment = dataclasses.replace(
         experiment, dataset=dataclasses.replace(experiment.dataset, docid_scheme="atomic"),
-        network_config=dataclasses.replace(experiment.network_config, decoder_head=head))
+        head={"atomic": AtomicHead(), "pawa": PawaHead()}[head])
     built = experiment.build()
     num_docs = len((data_dir / "collection.tsv").read_text().splitlines())
-    cfg = built.model.config
+    cfg, built_head = built.model.config, built.model.head
     # Atomic docid i is token 320 + i (the SentencePiece model has 320 pieces): exactly the table's tokens.
-    assert (cfg.docid_vocab_start, cfg.docid_vocab_size) == (320, num_docs)
+    assert (built_head.docid_vocab_start, built_head.docid_vocab_size) == (320, num_docs)
     assert cfg.vocab_size >= 320 + num_docs
     # A range fixed in gin must contain the table's tokens.
-    narrow = dataclasses.replace(experiment, network_config=dataclasses.replace(
-        experiment.network_config, docid_vocab_start=321, docid_vocab_size=num_docs))
+    narrow = dataclasses.replace(experiment, head=dataclasses.replace(
+        experiment.head, docid_vocab_start=321, docid_vocab_size=num_docs))
     with pytest.raises(ValueError, match=r"docid tokens \[320, .*outside the .* head's range \[321"):
         narrow.build()
 
@@ -349,8 +350,8 @@ def test_indexing_run_starts_from_a_continued_pretraining_run(data_dir, tmp_path
     # which replaces the output layer, is fresh.
     atomic = _experiment(data_dir, tmp_path / "atomic")
     atomic = dataclasses.replace(atomic, dataset=dataclasses.replace(atomic.dataset, docid_scheme="atomic"),
-                                 network_config=dataclasses.replace(atomic.network_config, decoder_head="atomic",
-                                                                    vocab_size=512))
+                                 network_config=dataclasses.replace(atomic.network_config, vocab_size=512),
+                                 head=AtomicHead())
     fresh, params = started(atomic)
     rows = source["token_embedder"].shape[0]
     assert (rows, params["token_embedder"].shape[0]) == (384, 512)

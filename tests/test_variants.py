@@ -20,8 +20,10 @@ from gr_jax import optimizers
 from gr_jax import partitioning
 from gr_jax.docids.schemes.atomic import atomic_docid_table
 from gr_jax.docids.trie import Trie
+from gr_jax.heads import StandardHead
 from gr_jax.heads.atomic import AtomicHead, top_k_columns
 from gr_jax.heads.pawa import PawaHead
+from gr_jax.heads.standard import StandardLayer
 from gr_jax.models import EncoderDecoderModel
 from gr_jax.trainer import Trainer
 
@@ -32,38 +34,39 @@ MICRO = network.T5Config(vocab_size=128, emb_dim=32, num_heads=4, num_encoder_la
                          head_dim=8, mlp_dim=64, dropout_rate=0.0)
 # Atomic ids as gr_jax.docids.schemes.atomic.atomic_docid_table makes them: docid i is token ATOMIC_START + i
 # (appended after a SentencePiece vocabulary of ATOMIC_START pieces), the head's column i.
+STANDARD = StandardHead()
 NUM_DOCIDS, ATOMIC_START = 300, 120
-ATOMIC = dataclasses.replace(MICRO, decoder_head="atomic", docid_vocab_start=ATOMIC_START, docid_vocab_size=NUM_DOCIDS)
+ATOMIC, ATOMIC_HEAD = MICRO, AtomicHead(docid_vocab_start=ATOMIC_START, docid_vocab_size=NUM_DOCIDS)
 # 2D semantic ids: 3 positions x 4 values, tokens appended after a 128-token text vocabulary.
 POSITIONS, VALUES, TEXT_VOCAB = 3, 4, 128
-PAWA = dataclasses.replace(MICRO, vocab_size=256, decoder_head="pawa", docid_vocab_start=TEXT_VOCAB,
-                           docid_vocab_size=POSITIONS * VALUES)
+PAWA = dataclasses.replace(MICRO, vocab_size=256)
+PAWA_HEAD = PawaHead(docid_vocab_start=TEXT_VOCAB, docid_vocab_size=POSITIONS * VALUES)
 
 
-def _params(config, *, input_length=7, target_length=4, loss=losses.TokenCrossEntropy()):
-    model = EncoderDecoderModel(config=config, loss=loss)
-    # The init depends on the network alone (not the loss): computed once per config, in fresh containers.
-    return model, jax.tree.map(lambda x: x, _initial_params(config, input_length, target_length))
-
-
-@functools.cache
-def _initial_params(config, input_length, target_length):
-    return nn.unbox(_boxed_params(config, input_length, target_length))
+def _params(config, head=STANDARD, *, input_length=7, target_length=4, loss=losses.TokenCrossEntropy()):
+    model = EncoderDecoderModel(config=config, head=head, loss=loss)
+    # The init depends on the network alone (not the loss): computed once per config and head, in fresh containers.
+    return model, jax.tree.map(lambda x: x, _initial_params(config, head, input_length, target_length))
 
 
 @functools.cache
-def _boxed_params(config, input_length=7, target_length=4):
+def _initial_params(config, head, input_length, target_length):
+    return nn.unbox(_boxed_params(config, head, input_length, target_length))
+
+
+@functools.cache
+def _boxed_params(config, head=STANDARD, input_length=7, target_length=4):
     """Initialised op by op: the initialiser's ops compile once per shape, for every config (one compiled
     initialiser per config compiles a threefry program for each parameter)."""
-    variables = EncoderDecoderModel(config=config).init(jax.random.PRNGKey(0), input_length=input_length,
+    variables = EncoderDecoderModel(config=config, head=head).init(jax.random.PRNGKey(0), input_length=input_length,
                                                         target_length=target_length)
     return variables["params"]
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _logits(config, params, queries, decoder_inputs):
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _logits(config, head, params, queries, decoder_inputs):
     """The teacher-forced logits, compiled whole (op by op, each of the network's ops compiles on its own)."""
-    return EncoderDecoderModel(config=config).module.apply({"params": params}, queries, decoder_inputs)
+    return EncoderDecoderModel(config=config, head=head).module.apply({"params": params}, queries, decoder_inputs)
 
 
 def _queries(n, length=7, seed=1):
@@ -103,40 +106,40 @@ def _batch(encoder_tokens, targets):
 
 
 def test_bad_head_configurations_are_refused():
-    with pytest.raises(ValueError, match="decoder_head must be one of"):
-        dataclasses.replace(MICRO, decoder_head="adaptive")
-    for head in ("atomic", "pawa"):
+    with pytest.raises(ValueError, match="num_layers must be >= 1"):
+        PawaHead(num_layers=0)
+    for head in (AtomicHead, PawaHead):
         with pytest.raises(ValueError, match="set both docid_vocab_start and docid_vocab_size, or neither"):
-            dataclasses.replace(MICRO, decoder_head=head, docid_vocab_start=300)
-        unset = dataclasses.replace(MICRO, decoder_head=head)  # the entry points fill the range in later
+            head(docid_vocab_start=300)
+        unset = head()  # the entry points fill the range in later
         with pytest.raises(ValueError, match="needs docid_vocab_start and docid_vocab_size"):
-            _params(unset)
+            _params(MICRO, unset)
     with pytest.raises(ValueError, match="does not cover the docid tokens"):
-        dataclasses.replace(ATOMIC, output_vocab_size=ATOMIC_START + 10)
+        EncoderDecoderModel(config=dataclasses.replace(ATOMIC, output_vocab_size=ATOMIC_START + 10), head=ATOMIC_HEAD)
     with pytest.raises(ValueError, match="above EOS"):
-        dataclasses.replace(MICRO, decoder_head="pawa", docid_vocab_start=1, docid_vocab_size=3)
+        PawaHead(docid_vocab_start=1, docid_vocab_size=3)
     with pytest.raises(ValueError, match="consistency measure must be one of"):
         losses.ConsistencyRegularised(weight=0.15, measure="l2")
     with pytest.raises(ValueError, match="do not fit the vocabulary"):
-        _params(dataclasses.replace(MICRO, decoder_head="pawa", docid_vocab_start=120, docid_vocab_size=20))
+        _params(MICRO, PawaHead(docid_vocab_start=120, docid_vocab_size=20))
 
 
 # --- Atomic ids ---------------------------------------------------------------------------------------------------
 
 
 def test_atomic_head_shapes_and_count():
-    model = EncoderDecoderModel(config=ATOMIC)
+    model = EncoderDecoderModel(config=ATOMIC, head=ATOMIC_HEAD)
     params = nn.unbox(jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), input_length=7, target_length=4)))
     params = params["params"]
     assert "logits_dense" not in params
     assert params["atomic_logits_dense"].shape == (32, 384)  # 300 columns padded to a multiple of 128
-    assert ATOMIC.logits_vocab_size == ATOMIC_START + NUM_DOCIDS  # the token space of decoded docids
+    assert model.logits_vocab_size == ATOMIC_START + NUM_DOCIDS  # the token space of decoded docids
     assert _count(params) == _trunk_params(ATOMIC) + 32 * 384
 
 
 def _brute_force_ranking(model, params, queries, k):
     """Sort the log-softmax over all docid columns of the teacher-forced logits at the start position."""
-    logits = _logits(model.config, params, queries, jnp.zeros((queries.shape[0], 3), jnp.int32))
+    logits = _logits(model.config, model.head, params, queries, jnp.zeros((queries.shape[0], 3), jnp.int32))
     assert logits.shape == (queries.shape[0], 1, 384)  # the atomic decoder runs the start position only
     docid_logits = np.asarray(logits[:, 0, :NUM_DOCIDS], np.float64)  # column i: docid i
     log_p = docid_logits - np.log(np.exp(docid_logits - docid_logits.max(1, keepdims=True)).sum(1, keepdims=True)) \
@@ -153,7 +156,7 @@ def _check_ranking(result, tokens, log_p, max_decode_len):
 
 
 def test_atomic_ranking_equals_sorting_all_docid_logits():
-    model, params = _params(ATOMIC)
+    model, params = _params(ATOMIC, ATOMIC_HEAD)
     queries = _queries(4)
     tokens, log_p = _brute_force_ranking(model, params, queries, k=10)
     result = jax.jit(lambda p, q: model.predict_batch(p, q, num_beams=10, max_decode_len=3))(params, queries)
@@ -164,7 +167,7 @@ def test_atomic_ranking_equals_sorting_all_docid_logits():
 
 
 def test_atomic_ranking_is_shard_wise_on_a_2x4_mesh():
-    model, params = _params(ATOMIC)
+    model, params = _params(ATOMIC, ATOMIC_HEAD)
     queries = _queries(4)
     tokens, log_p = _brute_force_ranking(model, params, queries, k=40)  # more than one shard's 96 columns hold
     mesh = partitioning.make_mesh(data=2, model=4)
@@ -182,8 +185,8 @@ def test_atomic_ranking_is_shard_wise_on_a_2x4_mesh():
 
 
 def test_top_k_columns_beyond_the_number_of_docids_gives_empty_slots():
-    model, params = _params(dataclasses.replace(ATOMIC, docid_vocab_size=5))
-    result = jax.jit(lambda p, q: AtomicHead.rank(model, p, q, num_results=8, max_decode_len=2))(  # not op by op
+    model, params = _params(ATOMIC, dataclasses.replace(ATOMIC_HEAD, docid_vocab_size=5))
+    result = jax.jit(lambda p, q: model.head.rank(model, p, q, num_results=8, max_decode_len=2))(  # not op by op
         params, _queries(2))
     assert np.isfinite(result.scores[:, :5]).all() and np.isneginf(result.scores[:, 5:]).all()
     np.testing.assert_array_equal(result.sequences[:, 5:], 0)
@@ -197,14 +200,14 @@ def test_top_k_columns_beyond_the_number_of_docids_gives_empty_slots():
 
 def test_atomic_generic_beam_search_and_sampling_agree_with_the_ranking():
     """decode_step (docid logits at position 0, only EOS after) drives the generic search to the same result."""
-    model, params = _params(ATOMIC)
+    model, params = _params(ATOMIC, ATOMIC_HEAD)
     queries = _queries(3)
     # Each compiled whole (op by op, each of the network's ops compiles on its own).
-    ranked = jax.jit(lambda p, q: AtomicHead.rank(model, p, q, num_results=6, max_decode_len=2))(params, queries)
+    ranked = jax.jit(lambda p, q: model.head.rank(model, p, q, num_results=6, max_decode_len=2))(params, queries)
 
     def generic_search(p, q):
         context = model._prefill(p, q, 2)
-        cache = network.init_cache(ATOMIC, rows=3 * 6, max_decode_len=2)
+        cache = network.init_cache(ATOMIC, head=ATOMIC_HEAD, rows=3 * 6, max_decode_len=2)
         return decoding.beam_search(step_fn=model._step_fn(p, context), cache=cache, batch_size=3, num_beams=6,
                                     max_decode_len=2)
 
@@ -218,7 +221,7 @@ def test_atomic_generic_beam_search_and_sampling_agree_with_the_ranking():
 
 
 def test_atomic_loss_and_score_are_per_docid():
-    model, params = _params(ATOMIC)
+    model, params = _params(ATOMIC, ATOMIC_HEAD)
     queries = _queries(4)
     docids = np.array([5, 0, 299, 100])
     targets = np.stack([ATOMIC_START + docids, np.ones(4), np.zeros(4)], axis=1)
@@ -226,7 +229,7 @@ def test_atomic_loss_and_score_are_per_docid():
     # Each compiled whole, once for all four batches (op by op, each of the network's ops compiles on its own).
     loss_fn, score_batch = jax.jit(model.loss_fn), jax.jit(model.score_batch)
     loss, metrics = loss_fn(params, batch, None)
-    logits = _logits(ATOMIC, params, queries, batch["decoder_input_tokens"])
+    logits = _logits(ATOMIC, ATOMIC_HEAD, params, queries, batch["decoder_input_tokens"])
     log_p = jax.nn.log_softmax(logits[:, 0])
     expected = -np.asarray(log_p)[np.arange(4), docids]
     z = model.loss.z_loss * np.square(np.asarray(jax.nn.logsumexp(logits[:, 0], axis=-1)))
@@ -246,27 +249,27 @@ def test_atomic_loss_and_score_are_per_docid():
 
 
 def test_pawa_param_shapes_and_count():
-    _, params = _params(PAWA)
+    _, params = _params(PAWA, PAWA_HEAD)
     pawa = params["pawa"]
-    assert PawaHead.num_layers(PAWA) == 1  # half the decoder's 2 layers
+    assert PAWA_HEAD.depth(PAWA) == 1  # half the decoder's 2 layers
     assert pawa["weight_generator"].shape == (32, 32 * 32)
     assert params["logits_dense"].shape == (32, 256)  # the shared projection keeps its name and shape
     d, h, k, m = 32, 4, 8, 64
     stack = (2 * 4 * d * h * k + 3 * d * m + 3 * d) + d + h * 32  # one decoder layer, norm, relpos table
     assert _count(pawa) == stack + d * d * d
     assert _count(params) == _trunk_params(PAWA) + 32 * 256 + _count(pawa)
-    sizes = dataclasses.replace(PAWA, pawa_num_layers=3)
-    assert PawaHead.num_layers(sizes) == 3 and MICRO.head.num_cached_layers(MICRO) == 0
+    sizes = dataclasses.replace(PAWA_HEAD, num_layers=3)
+    assert sizes.depth(PAWA) == 3 and STANDARD.num_cached_layers(MICRO) == 0
 
 
 def _pawa_projections(transformer, queries, decoder_inputs):
-    """The PAWA head's W_t for teacher-forced decoder inputs (`PawaHead.projections`)."""
-    return transformer.head.projections(transformer.embed(decoder_inputs), transformer.encode(queries),
-                                        cross_mask=(queries > 0)[:, None, None, :])
+    """The PAWA head's W_t for teacher-forced decoder inputs (`PawaLayer.projections`)."""
+    return transformer.output_layer.projections(transformer.embed(decoder_inputs), transformer.encode(queries),
+                                                cross_mask=(queries > 0)[:, None, None, :])
 
 
 def test_pawa_projections_depend_on_position_and_prefix_and_give_the_logits():
-    model, params = _params(PAWA)
+    model, params = _params(PAWA, PAWA_HEAD)
     queries = _queries(2)
     table = _semantic2d_table(8)
     decoder_inputs = np.concatenate([np.zeros((2, 1), np.int32), table[:2, :-1]], axis=1)  # two different prefixes
@@ -291,15 +294,15 @@ def test_pawa_projections_depend_on_position_and_prefix_and_give_the_logits():
 
 
 def test_pawa_incremental_decoding_equals_teacher_forcing():
-    model, params = _params(PAWA)
+    model, params = _params(PAWA, PAWA_HEAD)
     queries = _queries(3)
     table = _semantic2d_table(3, seed=1)
     decoder_inputs = np.concatenate([np.zeros((3, 1), np.int32), table[:, :-1]], axis=1)
     # Compiled whole, one decode step program for all t (op by op, each of the network's ops compiles on its own).
-    full = _logits(PAWA, params, queries, decoder_inputs)
+    full = _logits(PAWA, PAWA_HEAD, params, queries, decoder_inputs)
     context = jax.jit(lambda p, q: model._prefill(p, q, 4))(params, queries)
-    cache = network.init_cache(PAWA, rows=3, max_decode_len=4)
-    assert len(cache) == PAWA.num_decoder_layers + PawaHead.num_layers(PAWA)
+    cache = network.init_cache(PAWA, head=PAWA_HEAD, rows=3, max_decode_len=4)
+    assert len(cache) == PAWA.num_decoder_layers + PAWA_HEAD.depth(PAWA)
     step = jax.jit(lambda p, c, tokens, t, cache: model._step_fn(p, c)(tokens, t, cache))
     steps = []
     for t in range(4):
@@ -309,9 +312,9 @@ def test_pawa_incremental_decoding_equals_teacher_forcing():
 
 
 def test_pawa_constrained_beam_search_returns_valid_docids_with_exact_scores():
-    model, params = _params(PAWA)
+    model, params = _params(PAWA, PAWA_HEAD)
     table = _semantic2d_table(20)
-    trie = Trie.build(table, vocab_size=PAWA.logits_vocab_size)
+    trie = Trie.build(table, vocab_size=PAWA_HEAD.logits_vocab_size(PAWA))
     queries = _queries(2)
     result = jax.jit(lambda p, q, t: model.predict_batch(p, q, num_beams=5, max_decode_len=4, trie=t))(
         params, queries, trie)
@@ -329,11 +332,11 @@ def test_pawa_trains_on_a_2x4_mesh():
     rng = np.random.default_rng(0)
     batch = _batch(rng.integers(3, TEXT_VOCAB, (16, 8)), table)
     mesh = partitioning.make_mesh(data=2, model=4)
-    trainer = Trainer(model=EncoderDecoderModel(config=config), mesh=mesh, input_length=8, target_length=4,
-                      batch_size=16, optimizer=optimizers.make_optimizer(
+    trainer = Trainer(model=EncoderDecoderModel(config=config, head=PAWA_HEAD), mesh=mesh, input_length=8,
+                      target_length=4, batch_size=16, optimizer=optimizers.make_optimizer(
                           name="adafactor", learning_rate=optimizers.warmup_constant(peak=1e-2, warmup_steps=1)))
     assert tuple(trainer.state_shardings.params["pawa"]["weight_generator"].spec) == (None, "model")
-    state = started(trainer, _boxed_params(config))
+    state = started(trainer, _boxed_params(config, PAWA_HEAD))
     losses_seen = []
     for _ in range(15):
         state, metrics = trainer.train_step(state, batch, jax.random.PRNGKey(1))
@@ -444,18 +447,21 @@ CONSISTENCY = "losses/consistency.gin"
 
 
 @pytest.mark.parametrize("name,gin_files,bindings,expected,expected_loss", [
-    ("standard", [CONSISTENCY], ["CONSISTENCY_WEIGHT = 0.15"], dict(decoder_head="standard"),
+    ("standard", [CONSISTENCY], ["CONSISTENCY_WEIGHT = 0.15"], dict(head=StandardHead()),
      losses.ConsistencyRegularised(weight=0.15, measure=losses.SymmetricKL())),
     ("atomic", [], ["DOCID_VOCAB_START = 320", "DOCID_VOCAB_SIZE = 1000"],
-     dict(decoder_head="atomic", docid_vocab_start=320, docid_vocab_size=1000, logits_vocab_size=1320),
+     dict(head=AtomicHead(docid_vocab_start=320, docid_vocab_size=1000), logits_vocab_size=1320),
      losses.TokenCrossEntropy()),
     ("pawa", ["losses/consistency_contrastive.gin"], ["DOCID_VOCAB_START = 320", "DOCID_VOCAB_SIZE = 70"],
-     dict(decoder_head="pawa", docid_vocab_start=320, docid_vocab_size=70),
+     dict(head=PawaHead(docid_vocab_start=320, docid_vocab_size=70)),
      losses.ConsistencyRegularised(weight=0.15, measure=losses.ContrastiveStates())),
     # Unbound, the range comes from the docid space (here its tokens are [320, 1320) and [320, 390)).
-    ("atomic", [], [], dict(decoder_head="atomic", docid_vocab_start=320, docid_vocab_size=1000,
-                            logits_vocab_size=1320), losses.TokenCrossEntropy()),
-    ("pawa", [], [], dict(decoder_head="pawa", docid_vocab_start=320, docid_vocab_size=70), losses.TokenCrossEntropy()),
+    ("atomic", [], [], dict(head=AtomicHead(docid_vocab_start=320, docid_vocab_size=1000), logits_vocab_size=1320),
+     losses.TokenCrossEntropy()),
+    ("pawa", [], [], dict(head=PawaHead(docid_vocab_start=320, docid_vocab_size=70)), losses.TokenCrossEntropy()),
+    # The head's own settings, bound in gin.
+    ("pawa", [], ["PAWA_NUM_LAYERS = 3"], dict(head=PawaHead(num_layers=3, docid_vocab_start=320, docid_vocab_size=70)),
+     losses.TokenCrossEntropy()),
 ])
 def test_decoder_gins_configure_the_model_the_entry_points_build(name, gin_files, bindings, expected, expected_loss):
     gin.clear_config()
@@ -467,11 +473,11 @@ def test_decoder_gins_configure_the_model_the_entry_points_build(name, gin_files
     finally:
         gin.clear_config()
     table_range = {"standard": None, "atomic": (320, 1320), "pawa": (320, 390)}[name]
-    model = experiment_lib.build_model(config=experiment.network_config, loss=experiment.loss,
+    model = experiment_lib.build_model(config=experiment.network_config, loss=experiment.loss, head=experiment.head,
                                        model_vocab_size=max(390, table_range[1] if table_range else 0),
                                        docid_token_range=table_range)
     for key, value in expected.items():
-        assert getattr(model.config, key) == value, key
+        assert getattr(model, key) == value, key
     assert model.loss == expected_loss  # the loss, configured in one place
     assert model.config.emb_dim == 256  # the size gin still sets the dimensions
     assert experiment.dataset.docid_scheme == {"standard": "naive", "atomic": "atomic", "pawa": "semantic2d"}[name]
@@ -479,26 +485,27 @@ def test_decoder_gins_configure_the_model_the_entry_points_build(name, gin_files
     assert _count(nn.unbox(abstract)) > 0
 
 
-def test_a_new_head_is_one_registered_class():
-    """A head defined anywhere plugs in by name (gin: network.T5Config.decoder_head) with no other module edited."""
-    from gr_jax.heads import HEADS, StandardHead, register_head
+class _DoubledLayer(StandardLayer):
+    def project(self, states):
+        return 2.0 * super().project(states)
 
-    @register_head("test_doubled")
-    class Doubled(StandardHead):
-        def project(self, states):
-            return 2.0 * super().project(states)
 
-    try:
-        model, params = _params(dataclasses.replace(MICRO, decoder_head="test_doubled"))
-        standard, standard_params = _params(MICRO)
-        assert jax.tree.map(np.shape, params) == jax.tree.map(np.shape, standard_params)  # the same parameter tree
-        queries, targets = _queries(2), np.array([[5, 6, 1, 0], [7, 1, 0, 0]])
-        batch = _batch(queries, targets)
-        np.testing.assert_allclose(  # each compiled whole (op by op, each of the network's ops compiles on its own)
-            _logits(model.config, params, queries, batch["decoder_input_tokens"]),
-            2.0 * _logits(standard.config, params, queries, batch["decoder_input_tokens"]), rtol=1e-6)
-        result = jax.jit(lambda p, q: model.predict_batch(p, q, num_beams=3, max_decode_len=4))(  # generic search
-            params, queries)
-        assert result.sequences.shape == (2, 3, 4)
-    finally:
-        del HEADS["test_doubled"]
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Doubled(StandardHead):
+    layer_class = _DoubledLayer
+
+
+def test_a_new_head_is_one_class_given_to_the_model():
+    """A head defined anywhere plugs in where the model is built (gin: HEAD) with no other module edited
+    (tests/test_custom_head.py does it through gin and the entry points' build)."""
+    model, params = _params(MICRO, _Doubled())
+    standard, standard_params = _params(MICRO)
+    assert jax.tree.map(np.shape, params) == jax.tree.map(np.shape, standard_params)  # the same parameter tree
+    queries, targets = _queries(2), np.array([[5, 6, 1, 0], [7, 1, 0, 0]])
+    batch = _batch(queries, targets)
+    np.testing.assert_allclose(  # each compiled whole (op by op, each of the network's ops compiles on its own)
+        _logits(model.config, model.head, params, queries, batch["decoder_input_tokens"]),
+        2.0 * _logits(standard.config, standard.head, params, queries, batch["decoder_input_tokens"]), rtol=1e-6)
+    result = jax.jit(lambda p, q: model.predict_batch(p, q, num_beams=3, max_decode_len=4))(  # generic search
+        params, queries)
+    assert result.sequences.shape == (2, 3, 4)

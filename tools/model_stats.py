@@ -60,6 +60,7 @@ class Row:
     study_params: Optional[float] = None
     study_flops: Optional[float] = None
     notes: tuple[str, ...] = ()  # why this row differs from the study by more than 5%, when it does
+    head: heads.OutputHead = heads.StandardHead()  # the output head and its settings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,11 +77,12 @@ def size_config(size: str) -> network.T5Config:
     return gin_utils.t5_config([f"models/t5_1_1/{size}.gin"])
 
 
-def _semantic2d_head(config: network.T5Config, *, docid_length: int) -> network.T5Config:
+def _semantic2d(config: network.T5Config, *, docid_length: int) -> dict:
+    """The config and PAWA head (Row fields) of 2D semantic ids of `docid_length` tokens after T5's pieces."""
     positions = docid_length - 1  # EOS is the text vocabulary's
     docid_tokens = positions * SEMANTIC2D_VALUES
-    return dataclasses.replace(config, vocab_size=-(-(T5_SPM_SIZE + docid_tokens) // 128) * 128,
-                               decoder_head="pawa", docid_vocab_start=T5_SPM_SIZE, docid_vocab_size=docid_tokens)
+    return dict(config=dataclasses.replace(config, vocab_size=-(-(T5_SPM_SIZE + docid_tokens) // 128) * 128),
+                head=heads.PawaHead(docid_vocab_start=T5_SPM_SIZE, docid_vocab_size=docid_tokens))
 
 
 T5_1_0_NOTE = ("params: the study quotes T5 1.0-Base's size ({study}; 222.9M exactly) while its Large/XL/XXL rows "
@@ -92,19 +94,16 @@ T5_1_0_NOTE = ("params: the study quotes T5 1.0-Base's size ({study}; 222.9M exa
 def study_rows(*, naive_length: int, semantic2d_length: int) -> list[Row]:
     sizes = {size: dataclasses.replace(size_config(size), vocab_size=T5_VOCAB_SIZE, dropout_rate=0.0)
              for size in ("base", "large", "xl", "xxl")}
-    atomic = dataclasses.replace(sizes["base"], decoder_head="atomic", docid_vocab_start=T5_SPM_SIZE,
-                                 docid_vocab_size=MSMARCO_PASSAGES)
+    atomic = heads.AtomicHead(docid_vocab_start=T5_SPM_SIZE, docid_vocab_size=MSMARCO_PASSAGES)
     return [
-        Row("base_atomic", "T5-Base, Atomic IDs", atomic, 1, 7.0e9, 0.9e12),
+        Row("base_atomic", "T5-Base, Atomic IDs", sizes["base"], 1, 7.0e9, 0.9e12, head=atomic),
         Row("base_naive", "T5-Base, Naive IDs", sizes["base"], naive_length, 220e6, 1.4e12,
             notes=(T5_1_0_NOTE.format(study="220M"),)),
-        Row("base_pawa", "T5-Base, PAWA (2D Semantic IDs)", _semantic2d_head(sizes["base"],
-                                                                              docid_length=semantic2d_length),
-            semantic2d_length, 761e6, 6.8e12),
+        Row("base_pawa", "T5-Base, PAWA (2D Semantic IDs)", decode_steps=semantic2d_length, study_params=761e6,
+            study_flops=6.8e12, **_semantic2d(sizes["base"], docid_length=semantic2d_length)),
         Row("large_naive", "T5-Large, Naive IDs", sizes["large"], naive_length, 783e6, 3.5e12),
-        Row("large_pawa", "T5-Large, PAWA (2D Semantic IDs)", _semantic2d_head(sizes["large"],
-                                                                                docid_length=semantic2d_length),
-            semantic2d_length, 2.1e9, 1.1e13),
+        Row("large_pawa", "T5-Large, PAWA (2D Semantic IDs)", decode_steps=semantic2d_length, study_params=2.1e9,
+            study_flops=1.1e13, **_semantic2d(sizes["large"], docid_length=semantic2d_length)),
         Row("xl_naive", "T5-XL, Naive IDs", sizes["xl"], naive_length, 2.8e9, 9.3e12),
         Row("xxl_naive", "T5-XXL, Naive IDs", sizes["xxl"], naive_length, 11e9, 4.3e13),
     ]
@@ -115,11 +114,11 @@ def tiny_rows() -> list[Row]:
     tiny = network.T5Config(vocab_size=256, emb_dim=32, num_heads=2, num_encoder_layers=2, num_decoder_layers=2,
                             head_dim=16, mlp_dim=64, dropout_rate=0.0)
     return [
-        Row("tiny_atomic", "tiny, Atomic IDs", dataclasses.replace(tiny, decoder_head="atomic", docid_vocab_start=250,
-                                                                    docid_vocab_size=1000), 1),
+        Row("tiny_atomic", "tiny, Atomic IDs", tiny, 1,
+            head=heads.AtomicHead(docid_vocab_start=250, docid_vocab_size=1000)),
         Row("tiny_naive", "tiny, Naive IDs", tiny, 5),
-        Row("tiny_pawa", "tiny, PAWA (2D Semantic IDs)", dataclasses.replace(
-            tiny, vocab_size=384, decoder_head="pawa", docid_vocab_start=256, docid_vocab_size=40), 5),
+        Row("tiny_pawa", "tiny, PAWA (2D Semantic IDs)", dataclasses.replace(tiny, vocab_size=384), 5,
+            head=heads.PawaHead(docid_vocab_start=256, docid_vocab_size=40)),
     ]
 
 
@@ -130,41 +129,42 @@ def _cost_flops(compiled) -> float:
     return float(cost["flops"])
 
 
-def abstract_params(config: network.T5Config) -> dict:
-    """ShapeDtypeStructs of the parameters (nothing allocated)."""
-    model = EncoderDecoderModel(config=config)
+def abstract_params(config: network.T5Config, head: heads.OutputHead = heads.StandardHead()) -> dict:
+    """ShapeDtypeStructs of the parameters of `config` with `head` (nothing allocated)."""
+    model = EncoderDecoderModel(config=config, head=head)
     boxed = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), input_length=1, target_length=1))
     return nn.unbox(boxed)["params"]
 
 
-def _counted_params(config: network.T5Config) -> dict:
+def _counted_params(config: network.T5Config, head: heads.OutputHead) -> dict:
     """The parameters of `config` with its layer stacks scanned: the same ones, stacked, traced in a fraction of the
     time of an unscanned XXL."""
-    return abstract_params(dataclasses.replace(config, scan_layers=True))
+    return abstract_params(dataclasses.replace(config, scan_layers=True), head)
 
 
-def param_count(config: network.T5Config) -> int:
-    return int(sum(math.prod(x.shape) for x in jax.tree.leaves(_counted_params(config))))
+def param_count(config: network.T5Config, head: heads.OutputHead = heads.StandardHead()) -> int:
+    return int(sum(math.prod(x.shape) for x in jax.tree.leaves(_counted_params(config, head))))
 
 
 # The vocabulary-sized matrices: the input embedding and the (untied) output layer.
 EMBEDDING_PARAMS = ("token_embedder", "logits_dense")
 
 
-def non_embedding_param_count(config: network.T5Config) -> int:
+def non_embedding_param_count(config: network.T5Config, head: heads.OutputHead = heads.StandardHead()) -> int:
     """Parameters outside `EMBEDDING_PARAMS` (the P of scaling laws, as in Kaplan et al. and Cai et al. 2025)."""
-    return int(sum(math.prod(leaf.shape) for path, leaf in jax.tree_util.tree_leaves_with_path(_counted_params(config))
+    counted = _counted_params(config, head)
+    return int(sum(math.prod(leaf.shape) for path, leaf in jax.tree_util.tree_leaves_with_path(counted)
                    if not any(getattr(key, "key", None) in EMBEDDING_PARAMS for key in path)))
 
 
 def measure(row: Row, *, input_length: int, num_beams: int) -> Stats:
     """Parameters and per-query inference FLOPs of one row (see the module docstring for what is counted)."""
     config = row.config
-    model = EncoderDecoderModel(config=config)
-    params = abstract_params(config)
+    model = EncoderDecoderModel(config=config, head=row.head)
+    params = abstract_params(config, row.head)
     count = int(sum(math.prod(x.shape) for x in jax.tree.leaves(params)))
     tokens = jax.ShapeDtypeStruct((1, input_length), jnp.int32)
-    if config.head.ranks_in_one_pass:
+    if row.head.ranks_in_one_pass:
         rank = jax.jit(lambda p, t: model.predict_batch(p, t, num_beams=num_beams, max_decode_len=2))
         flops = _cost_flops(rank.lower(params, tokens).compile())
         return Stats(params=count, flops=flops, encoder_flops=flops, step_flops=0.0, uncached_flops=num_beams * flops)
@@ -180,7 +180,7 @@ def measure(row: Row, *, input_length: int, num_beams: int) -> Stats:
                                   method=network.Transformer.decode_step)
 
     context = jax.eval_shape(prefill, params, tokens)
-    cache = jax.eval_shape(lambda: network.init_cache(config, rows=num_beams, max_decode_len=steps))
+    cache = jax.eval_shape(lambda: model.init_cache(rows=num_beams, max_decode_len=steps))
     step_flops = _cost_flops(jax.jit(step).lower(params, jax.ShapeDtypeStruct((num_beams,), jnp.int32),
                                                  jax.ShapeDtypeStruct((), jnp.int32), cache, context).compile())
     prefill_flops = _cost_flops(jax.jit(prefill).lower(params, tokens).compile())
@@ -200,7 +200,7 @@ def flops_notes(results: Sequence[tuple[Row, Stats]], *, num_beams: int) -> list
         return []
     ratios = [row.study_flops / stats.flops for row, stats in compared]
     uncached = [stats.uncached_flops / row.study_flops - 1 for row, stats in compared
-                if not issubclass(row.config.head, heads.PawaHead)]
+                if not isinstance(row.head, heads.PawaHead)]
     notes = [
         f"FLOPs: the study's numbers are {min(ratios):.1f}x to {max(ratios):.1f}x ours and it does not say how it "
         "counted. Ours are XLA's count of what this code runs: the query is encoded once (not once per beam), the "
@@ -215,16 +215,16 @@ def flops_notes(results: Sequence[tuple[Row, Stats]], *, num_beams: int) -> list
            "pieces + EOS; T5's own SentencePiece would split them into fewer, longer pieces)." if uncached else "")]
     for row, stats in compared:
         cfg = row.config
-        if not issubclass(cfg.head, heads.PawaHead) or abs(row.study_flops / stats.uncached_flops - 1) <= 0.05:
+        if not isinstance(row.head, heads.PawaHead) or abs(row.study_flops / stats.uncached_flops - 1) <= 0.05:
             continue
-        materialised = 2 * cfg.emb_dim ** 2 * (cfg.docid_vocab_size + 1) * num_beams * row.decode_steps * (
+        materialised = 2 * cfg.emb_dim ** 2 * (row.head.docid_vocab_size + 1) * num_beams * row.decode_steps * (
             row.decode_steps + 1) / 2
         notes.append(
             f"FLOPs ({row.label}): the study's count is {row.study_flops / stats.uncached_flops:.1f}x even the "
             f"uncached one. Our PAWA never forms the per-position projection W_t = M_t W (it computes (h_t M_t) W); "
             f"forming it for every beam and position, as NCI's code does, adds {materialised:.2e} uncached. The rest "
             "depends on the study's 2D id vocabulary and length, which it does not give (ours: "
-            f"{cfg.docid_vocab_size} docid tokens, {row.decode_steps} steps with EOS).")
+            f"{row.head.docid_vocab_size} docid tokens, {row.decode_steps} steps with EOS).")
     return notes
 
 

@@ -2,7 +2,7 @@
 
     python -m gr_jax.tools.plan_memory --config gin_configs/models/t5_1_1/base.gin --mesh 8x8 \
         [--batch 512] [--input_length 64] [--target_length 8] [--vocab 32128] [--dtype bfloat16] \
-        [--param_dtype bfloat16] [--rules 2d] [--gin.KEY=VALUE ...]
+        [--param_dtype bfloat16] [--rules 2d] [--gin_file=decoders/atomic.gin] [--gin.KEY=VALUE ...]
 
 `--mesh DxM` makes D x M CPU devices (XLA's `--xla_force_host_platform_device_count`, set before JAX starts) and the
 ('data', 'model') mesh over them; the train step (the project's `Trainer`, model and Adafactor, as a run builds
@@ -34,18 +34,20 @@ def parse_mesh(text: str) -> tuple[int, int]:
 
 
 def plan(*, config, mesh_shape: tuple[int, int], batch: int, input_length: int, target_length: int,
-         rules_2d: bool) -> dict:
-    """The memory analysis of one compiled train step (see the module docstring)."""
+         rules_2d: bool, head=None) -> dict:
+    """The memory analysis of one compiled train step of `config` with `head` (None: the standard head; see the
+    module docstring)."""
     import jax
     import jax.numpy as jnp
 
     from gr_jax import optimizers, partitioning
+    from gr_jax.heads import StandardHead
     from gr_jax.models import EncoderDecoderModel
     from gr_jax.trainer import Trainer
 
     rules = partitioning.LOGICAL_AXIS_RULES_2D if rules_2d else partitioning.LOGICAL_AXIS_RULES
     mesh = partitioning.make_mesh(data=mesh_shape[0], model=mesh_shape[1])
-    trainer = Trainer(model=EncoderDecoderModel(config=config),
+    trainer = Trainer(model=EncoderDecoderModel(config=config, head=head or StandardHead()),
                       optimizer=optimizers.make_optimizer(name="adafactor", learning_rate=1e-3), mesh=mesh,
                       input_length=input_length, target_length=target_length, batch_size=batch, rules=rules)
     shapes = {"encoder_input_tokens": (batch, input_length), "decoder_target_tokens": (batch, target_length),
@@ -95,10 +97,11 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
             raise ValueError(f"JAX started with {jax.device_count()} devices before --mesh {args.mesh} could be "
                              "set: run the tool in a fresh process")
         _, gin_files, bindings = gin_utils.parse_args(gin_args, description="gin overrides")
-        config = gin_utils.t5_config([args.config, *gin_files], bindings=bindings, vocab_size=args.vocab,
-                                     dtype=args.dtype, param_dtype=args.param_dtype)
-        return plan(config=config, mesh_shape=mesh_shape, batch=args.batch, input_length=args.input_length,
-                    target_length=args.target_length, rules_2d=args.rules == "2d")
+        config, head = gin_utils.t5_config_and_head([args.config, *gin_files], bindings=bindings,
+                                                    vocab_size=args.vocab, dtype=args.dtype,
+                                                    param_dtype=args.param_dtype)
+        return plan(config=config, head=head, mesh_shape=mesh_shape, batch=args.batch,
+                    input_length=args.input_length, target_length=args.target_length, rules_2d=args.rules == "2d")
 
     return run_tool(build)
 

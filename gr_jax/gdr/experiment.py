@@ -36,6 +36,7 @@ from gr_jax.gdr.data import GdrBatchSource, GdrData, training_examples
 from gr_jax.gdr.index import ClusteredIndex
 from gr_jax.gdr.losses import GdrLoss
 from gr_jax.gdr.model import GdrModel
+from gr_jax.heads import OutputHead, StandardHead
 from gr_jax.retrievers.gdr import GdrRetriever
 from gr_jax.retrievers.settings import RetrievalSettings
 from gr_jax.run_dir import RunDir
@@ -49,12 +50,13 @@ CLUSTER_SCHEME = "gdr_clusters"
 class GdrExperiment(ModelFamily):
     """A GDR run (see the module docstring).
 
-    network_config: the T5.1.1 of the cluster decoder (size gin; `decoder_head` standard or pawa) and, when
+    network_config: the T5.1.1 of the cluster decoder (size gin) and, when
     `query_tower` is None, of the query encoder. query_tower: a dual-encoder tower (`gr_jax.dense.towers`) as the
     query encoder instead; its weights are its pretrained ones, or with `query_tower_from_document_encoder` those
     of the dense run that encoded the documents (its query tower at the index's step); train_query_tower=False
     keeps them as loaded (no backward pass through the tower, its updates zeroed: the cheap setting of `make demo`).
     temperature: tau of S_intra; cluster_weight: the weight of log p(cluster | q) in the retriever's combined score.
+    head: the cluster decoder's output head (standard or PAWA; gin: HEAD, gin_configs/decoders/*.gin).
     The training setup: `ModelFamily`.
     """
     dataset: GdrData
@@ -65,6 +67,7 @@ class GdrExperiment(ModelFamily):
     temperature: float = 0.05
     cluster_weight: float = 0.0
     loss: GdrLoss = GdrLoss()
+    head: OutputHead = StandardHead()
 
     def __post_init__(self):
         if self.query_tower_from_document_encoder and self.query_tower is None:
@@ -82,11 +85,11 @@ class GdrExperiment(ModelFamily):
         table.check_fits(dataset.target_length)
         space = DocidSpace.from_table(table, scheme=CLUSTER_SCHEME, text_vocab_size=vocabulary.vocab_size)
         # The cluster decoder is a generative model's network, sized as one (its head's docid range, its vocabulary).
-        config = build_model(config=self.network_config, model_vocab_size=space.model_vocab_size,
-                             docid_token_range=space.docid_token_range).config
+        decoder = build_model(config=self.network_config, model_vocab_size=space.model_vocab_size,
+                              docid_token_range=space.docid_token_range, head=self.head)
         tower = self.query_tower.for_data(data_dir=dataset.data_dir) if self.query_tower is not None else None
-        model = GdrModel(config=config, query_tower=tower, document_dim=index.dim, temperature=self.temperature,
-                         gdr_loss=self.loss, train_query_tower=self.train_query_tower)
+        model = GdrModel(config=decoder.config, head=decoder.head, query_tower=tower, document_dim=index.dim,
+                         temperature=self.temperature, gdr_loss=self.loss, train_query_tower=self.train_query_tower)
         frozen = tower is not None and not self.train_query_tower  # no update (nor weight decay) reaches the tower
         mesh, trainer, checkpointer = self.training_parts(
             model, keep_checkpoints=keep_checkpoints,

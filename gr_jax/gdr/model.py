@@ -97,7 +97,7 @@ class GdrNetwork(network.Transformer):
 @dataclasses.dataclass(frozen=True)
 class GdrModel(EncoderDecoderModel):
     """The GDR network and its loss, as the trainer and the GDR retriever see it. `config` is the T5.1.1 of the
-    cluster decoder (and of the query encoder when `query_tower` is None); its head (standard or PAWA) decodes the
+    cluster decoder (and of the query encoder when `query_tower` is None); `head` (standard or PAWA) decodes the
     cluster ids. temperature: tau of S_intra, in training and in the retriever's combined score.
 
     Batches: encoder_input_tokens int32[B, input_length]; decoder_input/target_tokens, decoder_loss_weights
@@ -115,13 +115,16 @@ class GdrModel(EncoderDecoderModel):
     def __post_init__(self):
         if not self.temperature > 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
-        if self.config.head.ranks_in_one_pass:
-            raise ValueError(f"GDR decodes cluster ids by beam search through their trie; the "
-                             f"{self.config.decoder_head!r} head ranks in one pass: use the standard or the pawa head")
+        super().__post_init__()
+        if self.head.ranks_in_one_pass:
+            head = type(self.head)
+            raise ValueError(f"GDR decodes cluster ids by beam search through their trie; the head "
+                             f"{head.__module__}.{head.__qualname__} ranks in one pass: use the standard or the pawa "
+                             "head")
 
     @property
     def module(self) -> GdrNetwork:
-        return GdrNetwork(self.config, query_tower=self.query_tower, document_dim=self.document_dim,
+        return GdrNetwork(self.config, head=self.head, query_tower=self.query_tower, document_dim=self.document_dim,
                           train_query_tower=self.train_query_tower)
 
     def init(self, rng: Array, *, input_length: int, target_length: int, batch_size: int = 1) -> dict:

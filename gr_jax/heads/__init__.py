@@ -1,26 +1,12 @@
-"""Output heads of the T5.1.1 network, one module each, chosen by `T5Config.decoder_head` (see `base`).
+"""Output heads of the T5.1.1 network, one module each (see `base`): 'standard' (T5.1.1's projection over the
+vocabulary), 'atomic' (DSI's one column per document) and 'pawa' (NCI's prefix-aware weight-adaptive decoder).
 
-Importing this package registers every module in it: 'standard' (T5.1.1's projection over the vocabulary),
-'atomic' (DSI's one column per document) and 'pawa' (NCI's prefix-aware weight-adaptive decoder).
+A head is chosen and set in gin as its own configurable (`HEAD = @pawa.PawaHead()`, gin_configs/decoders/*.gin) and
+passed where the model is built; a new head is a module of its own, anywhere, that nothing else names.
 """
-import importlib
-import pkgutil
+from gr_jax.heads.atomic import AtomicHead
+from gr_jax.heads.base import HeadLayer, OutputHead, OverDocidTokens, masked_logits
+from gr_jax.heads.pawa import PawaHead
+from gr_jax.heads.standard import StandardHead
 
-from gr_jax.heads.base import HEADS, OutputHead, get_head, masked_logits, register_head
-
-for _module in pkgutil.iter_modules(__path__):
-    importlib.import_module(f"{__name__}.{_module.name}")
-
-from gr_jax.heads.atomic import AtomicHead  # noqa: E402
-from gr_jax.heads.pawa import PawaHead  # noqa: E402
-from gr_jax.heads.standard import StandardHead  # noqa: E402
-
-
-
-def fresh_param_patterns() -> tuple[str, ...]:
-    """Path patterns (full match) of the parameters of every registered head that no pretrained T5 has."""
-    return tuple(pattern for head in HEADS.values() for pattern in head.fresh_param_patterns)
-
-
-__all__ = ["HEADS", "AtomicHead", "OutputHead", "PawaHead", "StandardHead", "fresh_param_patterns", "get_head",
-           "masked_logits", "register_head"]
+__all__ = ["AtomicHead", "HeadLayer", "OutputHead", "OverDocidTokens", "PawaHead", "StandardHead", "masked_logits"]

@@ -1,5 +1,8 @@
 """DSI's atomic docids: one output column per document; retrieval is one decoder step and a top-k over the corpus.
 
+gin: `HEAD = @atomic.AtomicHead()` (gin_configs/decoders/atomic.gin); `atomic.AtomicHead.docid_vocab_start` and
+`docid_vocab_size` fix the docid tokens' range, which the model builder fills from the docid space when unset.
+
 `atomic_logits_dense` [embed, docids] has one column per document, split over the 'model' mesh axis (its columns
 are padded to a multiple of 128, masked, so the axis divides them). Docid i is the token `docid_vocab_start + i`
 (table row `[docid_vocab_start + i, EOS]`, `gr_jax.docids.schemes.atomic`), column i of the head. Only the start
@@ -9,6 +12,7 @@ columns shard-wise (`top_k_columns`): no device ever holds the logits of all 8.8
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -16,7 +20,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from gr_jax import decoding
-from gr_jax.heads.base import OutputHead, OverDocidTokens, masked_logits, register_head
+from gr_jax.heads.base import HeadLayer, OverDocidTokens, masked_logits
 from gr_jax.network import EMBED, NEG_INF, VOCAB, Transformer, fan_in_init, logical_param
 from gr_jax.partitioning import DATA_AXIS, MODEL_AXIS
 from gr_jax.vocabulary import EOS_ID, PAD_ID
@@ -27,57 +31,95 @@ Array = jax.Array
 COLUMNS_MULTIPLE = 128
 
 
-@register_head("atomic")
-class AtomicHead(OverDocidTokens, OutputHead):
+class AtomicLayer(HeadLayer):
+    """`atomic_logits_dense` [embed, columns]: one column per docid (see the module docstring); `head` is an
+    `AtomicHead`."""
 
-    fresh_param_patterns = (r"atomic_logits_dense",)
+    def setup(self):
+        cfg = self.config
+        self.atomic_logits_dense = logical_param(self, "atomic_logits_dense", fan_in_init(1),
+                                                 (cfg.emb_dim, self.head.columns()), (EMBED, VOCAB), cfg.param_dtype)
+
+    def teacher_forced_inputs(self, decoder_input_tokens):
+        return decoder_input_tokens[:, :1]  # the docid is one token: only the start position is decoded
+
+    def docid_logits(self, states: Array) -> Array:
+        """states [..., embed] -> float32 logits over the docid columns [..., columns] (padding columns NEG_INF)."""
+        head = self.head
+        logits = jnp.einsum("...d,dv->...v", states, self.atomic_logits_dense.astype(self.config.dtype))
+        return masked_logits(logits, jnp.arange(head.columns()) < head.docid_vocab_size)
+
+    def __call__(self, states, *, embedded, encoded, cross_mask, deterministic):
+        """Logits [batch, 1, columns]: column i for token docid_vocab_start + i."""
+        del embedded, encoded, cross_mask, deterministic
+        return self.docid_logits(states)
+
+    def step_inputs(self, tokens, *, position):
+        # After position 0 the input is a docid token, which need not be in the input vocabulary.
+        return jnp.where(position == 0, tokens, PAD_ID)
+
+    def step(self, states, *, embedded, position, cache, context, cross_mask):
+        """Position 0 gives the docid logits placed at their token ids (every other id NEG_INF); later positions
+        allow only EOS (log-prob 0), so generic beam search and sampling produce `[docid token, EOS]`. This
+        materialises all docid logits of each row: retrieval uses `AtomicHead.rank` instead."""
+        del embedded, cache, context, cross_mask
+        head = self.head
+        vocab = head.logits_vocab_size(self.config)
+        logits = self.docid_logits(states)[:, 0]
+        rows = logits.shape[0]
+        logits = jnp.concatenate([jnp.full((rows, head.docid_vocab_start), NEG_INF, jnp.float32),
+                                  logits[:, :head.docid_vocab_size],
+                                  jnp.full((rows, vocab - head.docid_vocab_end), NEG_INF, jnp.float32)], axis=1)
+        eos_only = jnp.where(jnp.arange(vocab) == EOS_ID, 0.0, NEG_INF).astype(jnp.float32)
+        return jnp.where(position == 0, logits, eos_only[None, :]), ()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AtomicHead(OverDocidTokens):
+    """DSI's atomic docids. Settings: the docid token range (`OverDocidTokens`; None: from the docid space)."""
+
+    layer_class = AtomicLayer
     ranks_in_one_pass = True
 
-    @classmethod
-    def columns(cls, config) -> int:
+    def columns(self) -> int:
         """Columns of the head: docid_vocab_size padded to a multiple of 128 (padding columns are masked)."""
-        cls.require_docid_range(config)
-        return -(-config.docid_vocab_size // COLUMNS_MULTIPLE) * COLUMNS_MULTIPLE
+        self.require_docid_range()
+        return -(-self.docid_vocab_size // COLUMNS_MULTIPLE) * COLUMNS_MULTIPLE
 
-    @classmethod
-    def logits_vocab_size(cls, config):
+    def logits_vocab_size(self, config):
         """The decoded token space ends with the docid tokens (decoded sequences are `[docid token, EOS]`)."""
         if config.output_vocab_size is None:
-            cls.require_docid_range(config)
-            return config.docid_vocab_start + config.docid_vocab_size
+            return self.docid_vocab_end
         return config.output_vocab_size
 
-    @classmethod
-    def embedded_vocab_size(cls, config, *, model_vocab_size):
+    def embedded_vocab_size(self, config, *, model_vocab_size):
         """Only the ids below the docid tokens: a docid token is never an input (`teacher_forced_inputs` keeps the
         start position, `step_inputs` feeds PAD after it), so T5-Base with 8.8M atomic docids embeds T5's 32,128
         ids (Table 4's 7.0B parameters), not a second 8.8M-row matrix."""
-        cls.require_docid_range(config)
-        del model_vocab_size
-        return config.docid_vocab_start
+        del config, model_vocab_size
+        self.require_docid_range()
+        return self.docid_vocab_start
 
-    @classmethod
-    def shares_input_vocabulary(cls, config):
-        return False  # the docid columns replace the output layer: nothing pretrained to copy
+    def fresh_param_patterns(self, config):
+        """The docid columns replace the output layer: nothing pretrained to copy."""
+        return (*super().fresh_param_patterns(config), r"atomic_logits_dense")
 
-    @classmethod
-    def target_columns(cls, config, targets, weights):
+    def target_columns(self, config, targets, weights):
         """Column = token - docid_vocab_start, at the first position only (the logits cover that one position); a
         weighted target that is no docid token is invalid, unweighted ones (padding rows) are scored at column 0."""
-        columns = targets - config.docid_vocab_start
-        outside = (columns < 0) | (columns >= config.docid_vocab_size)
+        del config
+        columns = targets - self.docid_vocab_start
+        outside = (columns < 0) | (columns >= self.docid_vocab_size)
         return jnp.where(outside, 0, columns), outside & (weights > 0)
 
-    @classmethod
-    def predict_batch(cls, model, params, encoder_input_tokens, *, num_beams, max_decode_len, trie, length_penalty):
+    def predict_batch(self, model, params, encoder_input_tokens, *, num_beams, max_decode_len, trie, length_penalty):
         """Exact: the `num_beams` best docids of the whole corpus (`rank`); no trie is needed, since the outputs
         are exactly the docids, and one given is ignored."""
         del trie
-        return cls.rank(model, params, encoder_input_tokens, num_results=num_beams, max_decode_len=max_decode_len,
-                        length_penalty=length_penalty)
+        return self.rank(model, params, encoder_input_tokens, num_results=num_beams, max_decode_len=max_decode_len,
+                         length_penalty=length_penalty)
 
-    @classmethod
-    def rank(cls, model: Any, params: Any, encoder_input_tokens: Array, *, num_results: int, max_decode_len: int = 2,
+    def rank(self, model: Any, params: Any, encoder_input_tokens: Array, *, num_results: int, max_decode_len: int = 2,
              length_penalty: float = 0.0) -> decoding.BeamSearchResult:
         """The `num_results` most likely docids of the whole corpus for each query, best first.
 
@@ -87,15 +129,14 @@ class AtomicHead(OverDocidTokens, OutputHead):
         num_results] = log p(docid | query) (divided by the brevity penalty of length 2 if `length_penalty` != 0);
         slots beyond the number of docids have score -inf and PAD tokens.
         """
-        cfg = model.config
         if not isinstance(num_results, int) or num_results < 1:
             raise ValueError(f"num_results must be a positive int, got {num_results!r}")
         if max_decode_len < 2:
             raise ValueError(f"max_decode_len={max_decode_len}: an atomic docid needs 2 tokens (docid, EOS)")
         states = model.module.apply({"params": params}, encoder_input_tokens, method=Transformer.start_states)
         scores, columns = top_k_columns(states, params["atomic_logits_dense"], k=num_results, first_column=0,
-                                        end_column=cfg.docid_vocab_size)
-        tokens = columns + cfg.docid_vocab_start
+                                        end_column=self.docid_vocab_size)
+        tokens = columns + self.docid_vocab_start
         found = scores > NEG_INF / 2  # masked columns only surface when num_results > number of docids
         scores = jnp.where(found, scores, -jnp.inf)
         if length_penalty:
@@ -110,47 +151,6 @@ class AtomicHead(OverDocidTokens, OutputHead):
         sequences = sequences.at[:, :, 0].set(jnp.where(found, tokens, PAD_ID))
         sequences = sequences.at[:, :, 1].set(jnp.where(found, EOS_ID, PAD_ID))
         return decoding.BeamSearchResult(sequences=sequences, scores=scores)
-
-    # --- The Flax module ----------------------------------------------------------------------------------------
-
-    def setup(self):
-        cfg = self.config
-        self.atomic_logits_dense = logical_param(self, "atomic_logits_dense", fan_in_init(1),
-                                                 (cfg.emb_dim, self.columns(cfg)), (EMBED, VOCAB), cfg.param_dtype)
-
-    def teacher_forced_inputs(self, decoder_input_tokens):
-        return decoder_input_tokens[:, :1]  # the docid is one token: only the start position is decoded
-
-    def docid_logits(self, states: Array) -> Array:
-        """states [..., embed] -> float32 logits over the docid columns [..., columns] (padding columns NEG_INF)."""
-        cfg = self.config
-        logits = jnp.einsum("...d,dv->...v", states, self.atomic_logits_dense.astype(cfg.dtype))
-        return masked_logits(logits, jnp.arange(self.columns(cfg)) < cfg.docid_vocab_size)
-
-    def __call__(self, states, *, embedded, encoded, cross_mask, deterministic):
-        """Logits [batch, 1, columns]: column i for token docid_vocab_start + i."""
-        del embedded, encoded, cross_mask, deterministic
-        return self.docid_logits(states)
-
-    def step_inputs(self, tokens, *, position):
-        # After position 0 the input is a docid token, which need not be in the input vocabulary.
-        return jnp.where(position == 0, tokens, PAD_ID)
-
-    def step(self, states, *, embedded, position, cache, context, cross_mask):
-        """Position 0 gives the docid logits placed at their token ids (every other id NEG_INF); later positions
-        allow only EOS (log-prob 0), so generic beam search and sampling produce `[docid token, EOS]`. This
-        materialises all docid logits of each row: retrieval uses `rank` instead."""
-        del embedded, cache, context, cross_mask
-        cfg = self.config
-        vocab = self.logits_vocab_size(cfg)
-        logits = self.docid_logits(states)[:, 0]
-        rows = logits.shape[0]
-        logits = jnp.concatenate([jnp.full((rows, cfg.docid_vocab_start), NEG_INF, jnp.float32),
-                                  logits[:, :cfg.docid_vocab_size],
-                                  jnp.full((rows, vocab - cfg.docid_vocab_start - cfg.docid_vocab_size), NEG_INF,
-                                           jnp.float32)], axis=1)
-        eos_only = jnp.where(jnp.arange(vocab) == EOS_ID, 0.0, NEG_INF).astype(jnp.float32)
-        return jnp.where(position == 0, logits, eos_only[None, :]), ()
 
 
 def _top_k_local(states: Array, kernel: Array, *, k: int, first_column: int, end_column: int,

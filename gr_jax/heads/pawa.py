@@ -4,17 +4,24 @@ A second, randomly initialised decoder stack (`pawa/...`) reads the docid prefix
 generates, at every position t, a matrix M_t [embed, embed]; the position's projection is W_t = M_t W [embed, vocab]
 with W the shared `logits_dense`, restricted to the docid tokens and EOS (other columns masked). As NCI's
 `adaptor_decode` (modeling_t5.py). The docid tokens [docid_vocab_start, docid_vocab_start + docid_vocab_size) are
-the 2D semantic tokens, inside `vocab_size` (the PAWA stack embeds the prefix). `pawa_num_layers` (default: half
-the decoder's layers, which reproduces the study's PAWA sizes: 761M for Base, 2.1B for Large) sets its depth.
+the 2D semantic tokens, inside `vocab_size` (the PAWA stack embeds the prefix).
+
+gin: `HEAD = @pawa.PawaHead()` (gin_configs/decoders/pawa.gin). Its settings: `pawa.PawaHead.num_layers`, the PAWA
+stack's depth (default None: half the decoder's layers, which reproduces the study's PAWA sizes: 761M for Base,
+2.1B for Large), and `docid_vocab_start` / `docid_vocab_size`, which the model builder fills from the docid space
+when unset.
 """
 from __future__ import annotations
+
+import dataclasses
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from gr_jax.heads.base import OverDocidTokens, masked_logits, register_head
-from gr_jax.heads.standard import StandardHead
+from gr_jax.heads.base import OverDocidTokens, masked_logits
+from gr_jax.heads.standard import StandardHead, StandardLayer
 from gr_jax.network import (EMBED, MLP, DecoderLayer, Dropout, RelativePositionBias, RMSNorm, T5Config,
                             fan_in_init, layer_stack, logical_param, stack_cross_kv, stack_step,
                             teacher_forced_stack)
@@ -23,51 +30,28 @@ from gr_jax.vocabulary import EOS_ID
 Array = jax.Array
 
 
-@register_head("pawa")
-class PawaHead(OverDocidTokens, StandardHead):
+class PawaLayer(StandardLayer):
     """`logits_dense` (shared with the standard head, so a pretrained lm_head fills it) mixed per position by the
-    PAWA stack's generated matrices, restricted to EOS and the docid tokens."""
-
-    fresh_param_patterns = (r"pawa/.*",)  # NCI also initialises its PAWA decoder randomly
-
-    @classmethod
-    def check_config(cls, config):
-        if config.pawa_num_layers is not None and config.pawa_num_layers < 1:
-            raise ValueError(f"pawa_num_layers must be >= 1, got {config.pawa_num_layers}")
-        super().check_config(config)
-
-    @classmethod
-    def num_layers(cls, config: T5Config) -> int:
-        """Layers of the PAWA stack: `pawa_num_layers`, or half the decoder's."""
-        return config.pawa_num_layers or max(1, config.num_decoder_layers // 2)
-
-    @classmethod
-    def num_cached_layers(cls, config):
-        return cls.num_layers(config)
-
-    @classmethod
-    def layer_stacks(cls, config):
-        return {"pawa/layers": cls.num_layers(config)}
+    PAWA stack's generated matrices, restricted to EOS and the docid tokens; `head` is a `PawaHead`."""
 
     def setup(self):
-        cfg = self.config
-        self.require_docid_range(cfg)
+        cfg, head = self.config, self.head
+        head.require_docid_range()
         super().setup()
-        end = cfg.docid_vocab_start + cfg.docid_vocab_size
-        if end > min(cfg.vocab_size, self.logits_vocab_size(cfg)):
-            raise ValueError(f"the docid tokens [{cfg.docid_vocab_start}, {end}) do not fit the vocabulary "
-                             f"({cfg.vocab_size} input, {self.logits_vocab_size(cfg)} output tokens): the PAWA decoder "
-                             "embeds and predicts them")
-        self.pawa = PawaDecoder(cfg)
+        if head.docid_vocab_end > min(cfg.vocab_size, head.logits_vocab_size(cfg)):
+            raise ValueError(f"the docid tokens [{head.docid_vocab_start}, {head.docid_vocab_end}) do not fit the "
+                             f"vocabulary ({cfg.vocab_size} input, {head.logits_vocab_size(cfg)} output tokens): the "
+                             "PAWA decoder embeds and predicts them")
+        self.pawa = PawaDecoder(cfg, num_layers=head.depth(cfg))
 
     def mixed_logits(self, states: Array, pawa_states: Array) -> Array:
         """(h_t M_t) W over EOS and the docid tokens, other columns NEG_INF: states, pawa_states [..., embed]."""
-        cfg = self.config
+        cfg, head = self.config, self.head
         x = self.pawa.mix(states, pawa_states)
         logits = jnp.einsum("...d,dv->...v", x, self.logits_dense.astype(cfg.dtype))
-        column = jnp.arange(self.logits_vocab_size(cfg))
+        column = jnp.arange(head.logits_vocab_size(cfg))
         return masked_logits(logits, (column == EOS_ID) | (
-            (column >= cfg.docid_vocab_start) & (column < cfg.docid_vocab_start + cfg.docid_vocab_size)))
+            (column >= head.docid_vocab_start) & (column < head.docid_vocab_end)))
 
     def __call__(self, states, *, embedded, encoded, cross_mask, deterministic):
         pawa_states = self.pawa(embedded, encoded, cross_mask=cross_mask, deterministic=deterministic)
@@ -86,11 +70,40 @@ class PawaHead(OverDocidTokens, StandardHead):
         """The per-position output projections W_t = M_t W restricted to EOS and the docid tokens,
         float32[batch, tgt_len, embed, 1 + docid_vocab_size] (column 0: EOS). For inspection and tests only: the
         head never materialises them (it computes (h_t M_t) W)."""
-        cfg = self.config
+        head = self.head
         u = self.pawa(embedded, encoded, cross_mask=cross_mask, deterministic=True)
-        columns = jnp.concatenate([jnp.array([EOS_ID]), cfg.docid_vocab_start + jnp.arange(cfg.docid_vocab_size)])
+        columns = jnp.concatenate([jnp.array([EOS_ID]), head.docid_vocab_start + jnp.arange(head.docid_vocab_size)])
         shared = jnp.take(self.logits_dense, columns, axis=1).astype(jnp.float32)
         return jnp.einsum("btde,ev->btdv", self.pawa.generated_matrices(u).astype(jnp.float32), shared)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PawaHead(OverDocidTokens, StandardHead):
+    """NCI's PAWA decoder. Settings: `num_layers`, the PAWA stack's depth (None: half the decoder's), and the docid
+    token range (`OverDocidTokens`; None: from the docid space)."""
+
+    num_layers: Optional[int] = None
+
+    layer_class = PawaLayer
+
+    def __post_init__(self) -> None:
+        if self.num_layers is not None and self.num_layers < 1:
+            raise ValueError(f"PawaHead.num_layers must be >= 1, got {self.num_layers}")
+        super().__post_init__()
+
+    def depth(self, config: T5Config) -> int:
+        """Layers of the PAWA stack: `num_layers`, or half the decoder's."""
+        return self.num_layers or max(1, config.num_decoder_layers // 2)
+
+    def num_cached_layers(self, config):
+        return self.depth(config)
+
+    def layer_stacks(self, config):
+        return {"pawa/layers": self.depth(config)}
+
+    def fresh_param_patterns(self, config):
+        """NCI also initialises its PAWA decoder randomly."""
+        return (*super().fresh_param_patterns(config), r"pawa/.*")
 
 
 class PawaDecoder(nn.Module):
@@ -106,6 +119,7 @@ class PawaDecoder(nn.Module):
     of generating M_t (2 embed^3).
     """
     config: T5Config
+    num_layers: int
 
     def setup(self):
         cfg = self.config
@@ -124,10 +138,6 @@ class PawaDecoder(nn.Module):
         return teacher_forced_stack(embedded, encoded, layers=self.layers, num_layers=self.num_layers,
                                     relpos=self.relpos, norm=self.norm, dropout=self.dropout, cross_mask=cross_mask,
                                     deterministic=deterministic)
-
-    @property
-    def num_layers(self) -> int:
-        return PawaHead.num_layers(self.config)
 
     def prefill(self, encoded: Array, *, max_decode_len: int) -> tuple[tuple, Array]:
         """Per-query constants: cross-attention (keys, values) per layer (`stack_cross_kv`) and the bias

@@ -1,23 +1,31 @@
-"""T5.1.1's output layer: the untied projection `logits_dense` [embed, vocab] at every decoder position."""
+"""T5.1.1's output layer: the untied projection `logits_dense` [embed, vocab] at every decoder position.
+
+gin: `HEAD = @standard.StandardHead()` (gin_configs/decoders/standard.gin; the default of every model). No settings
+of its own: the vocabulary it covers is the network's (`T5Config.output_vocab_size`, else `vocab_size`).
+"""
 from __future__ import annotations
+
+import dataclasses
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from gr_jax.heads.base import OutputHead, register_head
-from gr_jax.network import BATCH, EMBED, LENGTH, VOCAB, fan_in_init, logical_param
+from gr_jax.heads.base import HeadLayer, OutputHead
+from gr_jax.network import BATCH, EMBED, LENGTH, VOCAB, T5Config, fan_in_init, logical_param
 
 Array = jax.Array
 
 
-@register_head("standard")
-class StandardHead(OutputHead):
+class StandardLayer(HeadLayer):
+    """`logits_dense` [embed, logits_vocab_size] applied to the decoder's states."""
 
     def setup(self):
         cfg = self.config
         self.logits_dense = logical_param(self, "logits_dense", fan_in_init(1),
-                                          (cfg.emb_dim, self.logits_vocab_size(cfg)), (EMBED, VOCAB), cfg.param_dtype)
+                                          (cfg.emb_dim, self.head.logits_vocab_size(cfg)), (EMBED, VOCAB),
+                                          cfg.param_dtype)
 
     def project(self, states: Array) -> Array:
         """states [..., embed] -> float32 logits [..., logits_vocab_size]."""
@@ -31,3 +39,18 @@ class StandardHead(OutputHead):
     def step(self, states, *, embedded, position, cache, context, cross_mask):
         del embedded, position, cache, context, cross_mask
         return self.project(states)[:, 0], ()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StandardHead(OutputHead):
+    """T5.1.1's projection over the vocabulary (see the module docstring)."""
+
+    layer_class = StandardLayer
+
+    def lm_head_parameter(self, config: T5Config) -> Optional[str]:
+        """`logits_dense`, when its columns are the input vocabulary's tokens (a pretrained lm_head's rows)."""
+        return "logits_dense" if self.logits_vocab_size(config) == config.vocab_size else None
+
+    def fresh_param_patterns(self, config: T5Config) -> tuple[str, ...]:
+        """`logits_dense` when it covers another vocabulary than the input's: nothing pretrained to copy."""
+        return (*super().fresh_param_patterns(config), *(() if self.lm_head_parameter(config) else (r"logits_dense",)))

@@ -71,8 +71,8 @@ class GenerativeRetriever:
         if batch_size < 1 or (num_beams is not None and num_beams < 1):
             raise ValueError(f"batch_size and num_beams must be positive, got {batch_size} and {num_beams}")
         largest = docid_space.docid_token_range[1] - 1
-        if largest >= model.config.logits_vocab_size:
-            raise ValueError(f"the docid table holds token id {largest} >= vocab_size {model.config.logits_vocab_size} "
+        if largest >= model.logits_vocab_size:
+            raise ValueError(f"the docid table holds token id {largest} >= vocab_size {model.logits_vocab_size} "
                              "of the model's output: it cannot decode every docid (build the model from this docid "
                              "space, gr_jax.experiment.build_model)")
         if not constrained:

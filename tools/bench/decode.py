@@ -201,7 +201,7 @@ class ModelDecoder:
         module, variables = self.model.module, {"params": params}
         context = module.apply(variables, tokens, max_decode_len=max_decode_len, method=network.Transformer.prefill)
         batch = tokens.shape[0]
-        cache = network.init_cache(self.model.config, rows=batch * num_beams, max_decode_len=max_decode_len)
+        cache = self.model.init_cache(rows=batch * num_beams, max_decode_len=max_decode_len)
 
         def step_fn(previous, position, cache):
             return module.apply(variables, previous, position=position, cache=cache, context=context,
