@@ -151,6 +151,7 @@ def test_ngram_gin_binds_an_ngram_experiment():
     data = experiment.dataset
     assert (data.width, data.num_spans, data.indexing, data.target_length) == (10, 10, True, 32)
     assert experiment.network_config.emb_dim == 256 and experiment.batch_size == 32  # study_cpu's tiny
+    assert experiment.head == StandardHead()  # HEAD, which a decoder gin swaps
     eval_config = gin.query_parameter("training.train.eval_config").scoped_configurable_fn()
     assert (eval_config.num_beams, eval_config.depth) == (20, 100)  # 20 spans generated, 100 documents ranked
 
