@@ -67,6 +67,7 @@ demo: $(STAMP) $(DEMO_DATA)/spm.model
 
 test: $(STAMP)
 	$(PY) -m ruff check .
+	$(PY) -m mypy
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25 tests
 
 clean-demo:

@@ -241,9 +241,10 @@ class SaveCheckpoint(Action):
     def due(self, step, *, last):
         if super().due(step, last=last):
             return True
-        if self.decider is None:
+        every_seconds = self.every_seconds
+        if self.decider is None or every_seconds is None:  # no decider without every_seconds
             return False
-        return self.decider(step, lambda: self.clock() - self.last_save >= self.every_seconds)
+        return self.decider(step, lambda: self.clock() - self.last_save >= every_seconds)
 
     def __call__(self, run, progress):
         run.built.checkpointer.save(progress.step, state=progress.state, input_state=run.input_state(progress.step),
@@ -277,6 +278,8 @@ class EvaluateRetrieval(Action):
     what the final ranking builds for those parameters (a dense run's corpus index) stays in the run dir, where
     `gr_jax.eval` of that step reuses it. None: nothing kept. reported: `(run) -> (step, params) or None`, the state
     the final ranking reports instead of the last one (model selection's best: `SelectModel.best_state`)."""
+
+    every_steps: int  # set (0: only at the end), never None
 
     def __init__(self, *, retriever: ParametricRetriever, evaluator: RetrievalEvaluator, split: str,
                  every_steps: int = 0, kept_at: Optional[Callable[..., ParametricRetriever]] = None,
@@ -400,13 +403,16 @@ class SelectModel(Action):
                                      step=progress.step, params=progress.state.params, prefix="select")
         if self.metric not in metrics:
             raise KeyError(f"select_metric {self.metric!r} is not an evaluation metric: {sorted(metrics)}")
-        if self.selection.record(progress.step, metrics[self.metric]):
-            self.best.save(progress.step, state=progress.state, input_state={"selected_on": self.split}, force=True)
-        self.selection.save()
-        if self.selection.stopped:
+        selection, best = self.selection, self.best
+        if selection is None or best is None:
+            raise RuntimeError("SelectModel was called before its start(): no selection record or best checkpointer")
+        if selection.record(progress.step, metrics[self.metric]):
+            best.save(progress.step, state=progress.state, input_state={"selected_on": self.split}, force=True)
+        selection.save()
+        if selection.stopped:
             logger.info("early stop at step %d: no better %s on %s for %d evaluations (best: step %d)", progress.step,
-                        self.metric, self.split, self.patience, self.selection.best_step)
-        return self.selection.stopped
+                        self.metric, self.split, self.patience, selection.best_step)
+        return selection.stopped
 
     def best_state(self, run: TrainingRun) -> Optional[tuple[int, Any]]:
         """(step, params) of the best state kept in `model_dir/best/` (read once per best step), or None before any

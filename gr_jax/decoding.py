@@ -51,7 +51,7 @@ class SampleResult(NamedTuple):
     log_probs: jax.Array  # float32[batch]: the model's log-likelihood of the sequence (temperature 1)
 
 
-def brevity_penalty(*, alpha: float, length: jax.Array) -> jax.Array:
+def brevity_penalty(*, alpha: float, length: jax.Array | float) -> jax.Array:
     """t5x / GNMT length penalty ((5 + length) / 6) ** alpha; a finished score is log_prob / penalty."""
     return jnp.power((5.0 + length) / 6.0, alpha)
 
@@ -306,6 +306,8 @@ def beam_search(
     def finish_all(state: _BeamState, logits: jax.Array | None) -> tuple[_BeamState, jax.Array]:
         """Position trie.max_length - 1: every alive beam is a longest docid, whose only continuation is EOS; they
         all finish. logits: the model's step, or None where forced EOS is not scored (then no model step runs)."""
+        if trie is None:
+            raise ValueError("finish_all ends the beams at a trie's depth: it needs the trie")
         flat_states = state.alive_states.reshape(rows)
         if logits is None:  # every EOS here is forced
             eos_log_probs = jnp.where(trie.eos_states(flat_states) != DEAD_STATE, 0.0, NEG_INF)
@@ -320,7 +322,8 @@ def beam_search(
     # a step of the loop if its EOS is scored (the model runs there), else a step after it without the model. The
     # model is traced once, in the loop; the steps' kinds are branches of a `lax.switch` after it.
     last = trie.max_length - 1 if trie is not None else None  # >= 1: every docid has a token before EOS
-    branches = [functools.partial(expand, sources=1), functools.partial(expand, sources=beams)]
+    branches: list[Callable[[_BeamState, jax.Array], tuple[_BeamState, jax.Array]]] = [
+        functools.partial(expand, sources=1), functools.partial(expand, sources=beams)]
     if trie is not None and score_forced_eos:
         branches.append(finish_all)
 
@@ -346,7 +349,7 @@ def beam_search(
         finished_sequences=empty_sequences,
         cache=cache,
     )
-    if trie is None:
+    if last is None:  # no trie
         state = jax.lax.while_loop(keep_searching, search_step, state)
     elif score_forced_eos:
         state = jax.lax.while_loop(lambda s: keep_searching(s) & (s.position <= last), search_step, state)

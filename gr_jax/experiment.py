@@ -24,6 +24,7 @@ from gr_jax.docids.identifiers import DocumentIdentifiers
 from gr_jax.family import BuiltRun, ModelFamily
 from gr_jax.heads import OutputHead, StandardHead
 from gr_jax.models import EncoderDecoderModel
+from gr_jax.retrievers import ParametricRetriever
 from gr_jax.retrievers.generative import GenerativeRetriever
 from gr_jax.retrievers.settings import RetrievalSettings
 from gr_jax.run_dir import RunDir
@@ -78,8 +79,8 @@ class SeqioExamplesData:
     come from `gr_jax.data.pipeline.train_batches` (the registered tasks hold the docid space), a checkpointable
     tf.data iterator (`pipeline.TrainBatches`)."""
 
-    def train_batches(self, *, docid_space: Optional[DocidSpace], batch_size: int, seed: int, start_batch: int,
-                      shard_index: int, num_shards: int) -> Iterator[dict]:
+    def train_batches(self: RunData, *, docid_space: Optional[DocidSpace], batch_size: int, seed: int,
+                      start_batch: int, shard_index: int, num_shards: int) -> Iterator[dict]:
         del docid_space
         from gr_jax.data import pipeline  # TensorFlow: only for runs that train
         return pipeline.train_batches(
@@ -249,11 +250,18 @@ class Built(BuiltRun):
         return self.experiment.batch_size * (dataset.input_length + dataset.target_length)
 
     def retriever(self, params: Any = None, *, settings: RetrievalSettings, show_progress: bool = False,
-                  step: Optional[int] = None) -> GenerativeRetriever:
-        """The model with `params` as a retriever over the run's docid space (its decoding compiled on first use),
-        decoding as `settings` say (batch_size, num_beams, constrained). `step`, the checkpoint the params come
-        from, matters to retrievers that keep per-checkpoint state (a dense run's corpus index), not to this one."""
+                  step: Optional[int] = None) -> ParametricRetriever:
+        """The model with `params` as a retriever over the run's docid space (`docid_retriever`). `step`, the
+        checkpoint the params come from, matters to retrievers that keep per-checkpoint state (a dense run's corpus
+        index), not to this one."""
         del step
+        return self.docid_retriever(params, settings=settings, show_progress=show_progress)
+
+    def docid_retriever(self, params: Any = None, *, settings: RetrievalSettings,
+                        show_progress: bool = False) -> GenerativeRetriever:
+        """The model with `params` as a retriever of the docids it generates (its decoding compiled on first use),
+        decoding as `settings` say (batch_size, num_beams, constrained); a family whose documents are found
+        otherwise from them wraps it (n-gram spans)."""
         if self.docid_space is None:
             raise ValueError(f"{self.experiment.dataset.mixture_name!r} has no docids to retrieve (its targets are "
                              "not docids)")
@@ -278,4 +286,6 @@ class Built(BuiltRun):
 
     def collection_rows(self, docids: Sequence[str]) -> np.ndarray:
         """Each docid's row in the collection (-1: not a document of the run)."""
+        if self.docid_space is None:
+            raise ValueError(f"{self.experiment.dataset.mixture_name!r} has no docids")
         return self.docid_space.table.rows_of(docids)

@@ -40,7 +40,8 @@ Array = jax.Array
 class Outputs:
     """One teacher-forced pass over a batch, as a loss sees it.
 
-    logits: float32[batch, length, columns]; states: the decoder's final states [batch, length, embed];
+    logits: float32[batch, length, columns]; states: the decoder's final states [batch, length, embed] (None where
+    the pass kept none: `EncoderDecoderModel.score_candidates`);
     columns: int32[batch, length], the logits column of each target token (the head's `target_columns`);
     weights: float32[batch, length]; invalid: bool[batch, length], weighted targets the head cannot score.
     Soft targets (SToICaL's trie-marginalised y(r, t), `gr_jax.ranking`), when the batch has them:
@@ -48,7 +49,7 @@ class Outputs:
     position); None: the target is one-hot on `columns`.
     """
     logits: Array
-    states: Array
+    states: Optional[Array]
     columns: Array
     weights: Array
     invalid: Array
@@ -173,6 +174,8 @@ class TokenCrossEntropy:
         if out.soft_columns is None:
             token_loss, z = cross_entropy_with_z_loss(out.logits, out.columns, z_loss=self.z_loss)
         else:
+            if out.soft_mass is None:
+                raise ValueError("Outputs has soft_columns without their soft_mass")
             token_loss, z = soft_cross_entropy_with_z_loss(out.logits, out.soft_columns, out.soft_mass,
                                                            z_loss=self.z_loss)
         token_loss = jnp.where(out.invalid, jnp.nan, token_loss)
@@ -181,7 +184,7 @@ class TokenCrossEntropy:
         seq_correct = jnp.all((correct > 0) | (weights == 0), axis=-1).astype(jnp.float32)
         has_target = (jnp.sum(weights, axis=-1) > 0).astype(jnp.float32)
         loss, tokens, sequences = jnp.sum(token_loss * weights), jnp.sum(weights), jnp.sum(has_target)
-        metrics = {
+        metrics: dict[str, metrics_lib.AnyMetric] = {
             "loss": Average(total=loss, count=tokens),
             "z_loss": Average(total=jnp.sum(z * weights), count=tokens),
             "token_accuracy": Average(total=jnp.sum(correct * weights), count=tokens),
@@ -214,6 +217,8 @@ class ContrastiveStates:
             raise ValueError(f"consistency temperature must be > 0, got {self.temperature}")
 
     def __call__(self, a: Outputs, b: Outputs) -> Array:
+        if a.states is None or b.states is None:
+            raise ValueError("ContrastiveStates compares the passes' decoder states: these Outputs have none")
         return contrastive_consistency(a.states, b.states, a.weights > 0, temperature=self.temperature)
 
 
@@ -251,6 +256,8 @@ class ConsistencyRegularised:
         metrics = dict(metrics, loss=Average(total=total, count=tokens),
                        consistency_loss=Average(total=consistency, count=tokens))
         if "z_loss" in metrics:
-            metrics["z_loss"] = Average(total=0.5 * (metrics["z_loss"].total + metrics_b["z_loss"].total),
-                                        count=metrics["z_loss"].count)
+            z_a, z_b = metrics["z_loss"], metrics_b["z_loss"]
+            if not isinstance(z_a, Average) or not isinstance(z_b, Average):
+                raise TypeError(f"the objective's z_loss must be a metrics.Average, got {type(z_a).__name__}")
+            metrics["z_loss"] = Average(total=0.5 * (z_a.total + z_b.total), count=z_a.count)
         return total, metrics

@@ -13,7 +13,7 @@ What depends on the output layer (which logits column scores a target token, how
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Optional
+from typing import Any, Mapping, Optional, cast
 
 import jax
 import jax.numpy as jnp
@@ -54,7 +54,7 @@ class EncoderDecoderModel:
 
     # --- Initialisation -------------------------------------------------------------------------------------
 
-    def init(self, rng: Array, *, input_length: int, target_length: int, batch_size: int = 1) -> dict:
+    def init(self, rng: Array, *, input_length: int, target_length: int, batch_size: int = 1) -> Mapping[str, Any]:
         """Boxed (logically partitioned) variables; use under jax.eval_shape for shapes and shardings."""
         enc = jnp.ones((batch_size, input_length), jnp.int32)
         dec = jnp.ones((batch_size, target_length), jnp.int32)
@@ -65,9 +65,10 @@ class EncoderDecoderModel:
     def outputs(self, params, batch: Batch, dropout_rng: Optional[Array]) -> losses.Outputs:
         """One teacher-forced pass (dropout on iff `dropout_rng` is given) as the loss sees it."""
         rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
-        logits, states = self.module.apply({"params": params}, batch["encoder_input_tokens"],
-                                           batch["decoder_input_tokens"], enable_dropout=dropout_rng is not None,
-                                           return_states=True, rngs=rngs)
+        # Without `mutable`, flax's apply returns the output alone (it types it as maybe (output, state)): so here.
+        logits, states = cast(tuple[Array, Array], self.module.apply(
+            {"params": params}, batch["encoder_input_tokens"], batch["decoder_input_tokens"],
+            enable_dropout=dropout_rng is not None, return_states=True, rngs=rngs))
         length = logits.shape[1]
         columns, weights, invalid = self._columns_and_weights(batch, length=length)
         soft_columns = soft_mass = None
@@ -111,14 +112,15 @@ class EncoderDecoderModel:
         (log-likelihood float32[B, C] as `score_batch`, the number of scored positions float32[B, C]: the head's
         target positions, 1 for the atomic head)."""
         batch, candidates, length = candidate_targets.shape
-        encoded = self.module.apply({"params": params}, encoder_input_tokens, method=network.Transformer.encode)
+        encoded = cast(Array, self.module.apply({"params": params}, encoder_input_tokens,
+                                                method=network.Transformer.encode))
         targets = candidate_targets.reshape(batch * candidates, length)
         flat = {"encoder_input_tokens": jnp.repeat(encoder_input_tokens, candidates, axis=0),
                 "decoder_target_tokens": targets,
                 "decoder_input_tokens": jnp.pad(targets[:, :-1], ((0, 0), (1, 0)))}
-        logits = self.module.apply({"params": params}, jnp.repeat(encoded, candidates, axis=0),
-                                   flat["encoder_input_tokens"], flat["decoder_input_tokens"],
-                                   method=network.Transformer.decode)
+        logits = cast(Array, self.module.apply({"params": params}, jnp.repeat(encoded, candidates, axis=0),
+                                               flat["encoder_input_tokens"], flat["decoder_input_tokens"],
+                                               method=network.Transformer.decode))
         columns, weights, invalid = self._columns_and_weights(flat, length=logits.shape[1])
         outputs = losses.Outputs(logits=logits, states=None, columns=columns, weights=weights, invalid=invalid)
         return (_sequence_log_likelihood(outputs).reshape(batch, candidates),
@@ -131,8 +133,9 @@ class EncoderDecoderModel:
         return step_fn
 
     def _prefill(self, params, encoder_input_tokens: Array, max_decode_len: int) -> network.DecodeContext:
-        return self.module.apply({"params": params}, encoder_input_tokens, max_decode_len=max_decode_len,
-                                 method=network.Transformer.prefill)
+        return cast(network.DecodeContext, self.module.apply({"params": params}, encoder_input_tokens,
+                                                             max_decode_len=max_decode_len,
+                                                             method=network.Transformer.prefill))
 
     def predict_batch(self, params, encoder_input_tokens: Array, *, num_beams: int, max_decode_len: int,
                       trie: Optional[Trie] = None, length_penalty: float = 0.0) -> decoding.BeamSearchResult:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Optional, Protocol, Sequence
+from typing import Any, Callable, Optional, Protocol, Sequence, cast
 
 import jax
 import jax.numpy as jnp
@@ -227,7 +227,7 @@ def stack_cache(config: T5Config, *, num_layers: int, rows: int, max_decode_len:
     """A decoder stack's zeroed self-attention cache: per layer (keys, values) [rows, max_decode_len, heads, kv];
     with `config.scan_layers` one pair [rows, layers, max_decode_len, heads, kv] (a step writes one position of one
     layer in place). Empty for no layers."""
-    shape = (rows, max_decode_len, config.num_heads, config.head_dim)
+    shape: tuple[int, ...] = (rows, max_decode_len, config.num_heads, config.head_dim)
     if config.scan_layers:
         shape = (rows, num_layers) + shape[1:]
         return ((jnp.zeros(shape, config.dtype), jnp.zeros(shape, config.dtype)),) if num_layers else ()
@@ -241,7 +241,8 @@ def stack_cache_entries(config: T5Config, *, num_layers: int) -> int:
 
 def logical_param(module: nn.Module, name: str, init: Initializer, shape: Sequence[int], axes: Sequence[str],
            dtype: Any) -> Array:
-    return module.param(name, nn.with_logical_partitioning(init, tuple(axes)), tuple(shape), dtype)
+    # `param` unboxes (unbox=True): it returns the array, which flax types as the init's LogicallyPartitioned box.
+    return cast(Array, module.param(name, nn.with_logical_partitioning(init, tuple(axes)), tuple(shape), dtype))
 
 
 def fan_in_init(fan_in_axes: int, scale: float = 1.0) -> Initializer:
@@ -292,7 +293,7 @@ class RMSNorm(nn.Module):
 def relative_position_bucket(relative_position: Array, *, bidirectional: bool, num_buckets: int,
                              max_distance: int) -> Array:
     """Maps key_pos - query_pos to T5's log-spaced buckets: exact for small distances, log-binned up to max."""
-    ret = 0
+    ret: Array | int = 0
     n = -relative_position
     if bidirectional:
         num_buckets //= 2
@@ -512,6 +513,7 @@ class Transformer(nn.Module):
         self.decoder_layers = layer_stack(DecoderLayer, config=cfg, num_layers=cfg.num_decoder_layers,
                                           deterministic_argnum=6)
         self.decoder_norm = RMSNorm(cfg)
+        self.output_layer: Optional[nn.Module]
         if self.head is not None:
             self.output_layer = self.head.layer(cfg)
             nn.share_scope(self, self.output_layer)  # the head's parameters keep top-level names (checkpoints, HF)

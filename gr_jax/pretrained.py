@@ -273,11 +273,11 @@ def t5_config_from_checkpoint(*, checkpoint_dir: PathLike, **overrides: Any) -> 
 
 
 def t5_config_from_hf(hf: HFT5Config, **overrides: Any) -> network.T5Config:
-    fields = dict(vocab_size=hf.vocab_size, emb_dim=hf.d_model, num_heads=hf.num_heads,
+    fields: dict[str, Any] = dict(vocab_size=hf.vocab_size, emb_dim=hf.d_model, num_heads=hf.num_heads,
                   num_encoder_layers=hf.num_layers, num_decoder_layers=hf.num_decoder_layers, head_dim=hf.d_kv,
-                  mlp_dim=hf.d_ff, mlp_activations=hf.mlp_activations,
-                  relative_attention_num_buckets=hf.relative_attention_num_buckets,
-                  relative_attention_max_distance=hf.relative_attention_max_distance)
+                                  mlp_dim=hf.d_ff, mlp_activations=hf.mlp_activations,
+                                  relative_attention_num_buckets=hf.relative_attention_num_buckets,
+                                  relative_attention_max_distance=hf.relative_attention_max_distance)
     fields.update(overrides)
     return network.T5Config(**fields)
 
@@ -355,6 +355,8 @@ class SafetensorsCheckpoint(contextlib.AbstractContextManager):
             raise DataFormatError(f"{path}: not a readable safetensors file: {e}") from e
         names = set(handle.keys())
         if expected is not None:
+            if index_path is None:
+                raise ValueError(f"{path}: the tensors expected of a shard come with the index naming them")
             absent = sorted(expected - names)
             if absent:
                 raise DataFormatError.at(index_path, _line(index_text, absent[0]),
@@ -414,6 +416,10 @@ class TensorSource:
     pretrained_rows: Optional[int] = None
     scale: float = 1.0
 
+    def __post_init__(self) -> None:
+        if (self.vocab_axis is None) != (self.pretrained_rows is None):
+            raise ValueError(f"{self.name}: a vocabulary axis comes with its number of pretrained rows")
+
 
 def _attention_sources(prefix: str, hf_prefix: str, hf: HFT5Config) -> dict[str, TensorSource]:
     d, h, k = hf.d_model, hf.num_heads, hf.d_kv
@@ -441,7 +447,7 @@ def hf_tensor_sources(*, hf: HFT5Config, config: network.T5Config) -> dict[str, 
     encoder, decoder); the output layer is the head's (`lm_head_source`)."""
     d, h, b, v = hf.d_model, hf.num_heads, hf.relative_attention_num_buckets, hf.vocab_size
     sources = {
-        "token_embedder": TensorSource(_SHARED, "copy", (v, d), (config.vocab_size, d), vocab_axis=0,
+        "token_embedder": TensorSource(_SHARED, "copy", (v, d), (_vocab_size(config), d), vocab_axis=0,
                                        pretrained_rows=v),
         "encoder_relpos/rel_embedding": TensorSource(
             "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight", "transpose", (b, h), (h, b)),
@@ -473,8 +479,14 @@ def lm_head_source(*, hf: HFT5Config, config: network.T5Config) -> TensorSource:
     d, v = hf.d_model, hf.vocab_size
     # Tied: `shared`, or a 5.x checkpoint's own `lm_head` where saved (load_pretrained_params). HF multiplies the
     # decoder output by d_model**-0.5 before the projection where `scale_decoder_outputs`; folded into the kernel.
-    return TensorSource(_SHARED if hf.tie_word_embeddings else _LM_HEAD, "transpose", (v, d), (d, config.vocab_size),
+    return TensorSource(_SHARED if hf.tie_word_embeddings else _LM_HEAD, "transpose", (v, d), (d, _vocab_size(config)),
                         vocab_axis=1, pretrained_rows=v, scale=d ** -0.5 if hf.scale_decoder_outputs else 1.0)
+
+
+def _vocab_size(config: network.T5Config) -> int:
+    if config.vocab_size is None:
+        raise ValueError("T5Config.vocab_size is unset; set it (e.g. with config.with_vocab_size) before loading")
+    return config.vocab_size
 
 
 def _expected_tensors(hf: HFT5Config) -> dict[str, tuple[int, ...]]:
@@ -556,14 +568,16 @@ def _read_block(ckpt: SafetensorsCheckpoint, source: TensorSource, bounds: Seque
 
 
 def _host_slice_fn(ckpt: SafetensorsCheckpoint, source: TensorSource, dtype: np.dtype
-                   ) -> Callable[[tuple[slice, ...]], np.ndarray]:
+                   ) -> Callable[[Optional[tuple[slice, ...]]], np.ndarray]:
     """The `make_array_from_callback` callback: one device's index -> that block, zeros beyond pretrained rows.
 
     Devices that hold the same index (replication over a mesh axis) share one read and one host buffer.
     """
     cache: dict[tuple[tuple[int, int], ...], np.ndarray] = {}
 
-    def host_slice(index: tuple[slice, ...]) -> np.ndarray:
+    def host_slice(index: Optional[tuple[slice, ...]]) -> np.ndarray:
+        if index is None:  # jax's type of the callback allows it; jax passes a device's index
+            raise ValueError(f"{source.name}: no device index to read")
         bounds = []
         for axis, (sl, size) in enumerate(zip(index, source.shape)):
             start, stop, step = sl.indices(size)
@@ -574,7 +588,7 @@ def _host_slice_fn(ckpt: SafetensorsCheckpoint, source: TensorSource, dtype: np.
         if key not in cache:
             out_shape = tuple(b - a for a, b in bounds)
             read = list(bounds)
-            if source.vocab_axis is not None:
+            if source.vocab_axis is not None and source.pretrained_rows is not None:  # both or neither
                 a, b = read[source.vocab_axis]
                 read[source.vocab_axis] = (a, max(a, min(b, source.pretrained_rows)))
             read_shape = tuple(b - a for a, b in read)
@@ -677,7 +691,8 @@ def load_pretrained_params(*, checkpoint_dir: PathLike, config: network.T5Config
     leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
     sharding_leaves, sharding_treedef = jax.tree_util.tree_flatten(
         shardings, is_leaf=lambda x: isinstance(x, Sharding))
-    if sharding_treedef != treedef:
+    # jaxlib ships no stub of its PyTreeDef, which mypy then cannot compare: hence the ignore.
+    if sharding_treedef != treedef:  # type: ignore[operator]
         raise ValueError(f"shardings do not have the structure of fresh_params:\n{sharding_treedef}\nvs\n{treedef}")
     paths = [partitioning.path_str(p) for p, _ in leaves]
     plan: dict[str, Optional[TensorSource]] = {}  # None: fresh
@@ -706,7 +721,8 @@ def load_pretrained_params(*, checkpoint_dir: PathLike, config: network.T5Config
     with SafetensorsCheckpoint(checkpoint_dir) as ckpt:
         names = ckpt.names
         output = plan.get(output_layer) if output_layer is not None else None
-        if output is not None and output.name == _SHARED and _LM_HEAD in names and not hf.lm_head_is_tied_copy:
+        if (output_layer is not None and output is not None and output.name == _SHARED and _LM_HEAD in names
+                and not hf.lm_head_is_tied_copy):
             # Saved by transformers 5.x, whose `tie_word_embeddings` is always true: a saved lm_head is the output
             # layer (T5.1.1's own), which 5.x also leaves untied where it differs from shared.
             plan[output_layer] = dataclasses.replace(output, name=_LM_HEAD)
@@ -730,9 +746,10 @@ def load_pretrained_params(*, checkpoint_dir: PathLike, config: network.T5Config
                 counts["fresh"] += 1
                 continue
             dtype = np.dtype(leaf.dtype)
-            value = jax.make_array_from_callback(source.shape, sharding, _host_slice_fn(ckpt, source, dtype),
-                                                 dtype=dtype)
-            if source.vocab_axis is not None and source.shape[source.vocab_axis] > source.pretrained_rows:
+            value: jax.Array = jax.make_array_from_callback(source.shape, sharding,
+                                                            _host_slice_fn(ckpt, source, dtype), dtype=dtype)
+            if (source.vocab_axis is not None and source.pretrained_rows is not None  # both or neither
+                    and source.shape[source.vocab_axis] > source.pretrained_rows):
                 value = mix_vocabulary_rows(source=value, fresh=_fresh_value(path, leaf, sharding),
                                             axis=source.vocab_axis, rows=source.pretrained_rows, sharding=sharding)
                 counts["mixed"] += 1

@@ -193,10 +193,10 @@ def training_loop(*, run: TrainingRun, state: Any, num_train_steps: int, actions
         bar.close()
         built.checkpointer.wait_until_finished()
         run.writer.flush()
-    report: dict[str, float] = {}
+    found: dict[str, float] = {}
     for action in actions:  # what each action found, after every action ended
-        report.update(action.report())
-    return state, report
+        found.update(action.report())
+    return state, found
 
 
 def train(*, experiment: ModelFamily, num_train_steps: int, checkpoint_every_steps: int = 1000,

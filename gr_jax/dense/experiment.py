@@ -63,7 +63,7 @@ class DenseBuilt(SampledBatchesRun):
     def init_state(self) -> TrainState:
         """A fresh train state whose towers hold their pretrained weights (MiniLM's; a T5 checkpoint's)."""
         state = self.trainer.init_state(jax.random.PRNGKey(self.experiment.seed))
-        return state.replace(params=self.model.load_tower_params(
+        return dataclasses.replace(state, params=self.model.load_tower_params(
             state.params, shardings=self.trainer.state_shardings.params))
 
     @functools.cached_property

@@ -130,8 +130,8 @@ def collection_embeddings(
     seconds = time.perf_counter() - start
     logger.info("embedded %d documents in %.1f s (%.1f documents/s)", len(docids), seconds,
                 len(docids) / max(seconds, 1e-9))
-    if cache_path is not None:
-        embeddings.flush()
+    if cache_path is not None and out is not None:  # `out`: the cache's memory map, which embed_texts filled
+        out.flush()
         del embeddings, out
         os.replace(tmp_path, cache_path)
         embeddings = np.load(cache_path, mmap_mode="r")

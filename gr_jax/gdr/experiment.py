@@ -167,7 +167,7 @@ class GdrBuilt(SampledBatchesRun):
                                                         fresh=params["tower"], shardings=shardings)
             else:
                 params["tower"] = tower.load_params(fresh=params["tower"], shardings=shardings)
-            state = state.replace(params=params)
+            state = dataclasses.replace(state, params=params)
         path = RunDir.of(experiment.model_dir).document_encoder
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(self.index.encoder, indent=1))

@@ -16,7 +16,7 @@ machinery (prefill, incremental decoding, constrained beam search, `score_docids
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Optional
+from typing import Any, Mapping, Optional, cast
 
 import flax.linen as nn
 import jax
@@ -127,16 +127,17 @@ class GdrModel(EncoderDecoderModel):
         return GdrNetwork(self.config, head=self.head, query_tower=self.query_tower, document_dim=self.document_dim,
                           train_query_tower=self.train_query_tower)
 
-    def init(self, rng: Array, *, input_length: int, target_length: int, batch_size: int = 1) -> dict:
+    def init(self, rng: Array, *, input_length: int, target_length: int, batch_size: int = 1) -> Mapping[str, Any]:
         enc = jnp.ones((batch_size, input_length), jnp.int32)
         dec = jnp.ones((batch_size, target_length), jnp.int32)
         return self.module.init({"params": rng, "dropout": rng}, enc, dec, method=GdrNetwork.train_outputs)
 
     def loss_fn(self, params, batch: Batch, dropout_rng: Optional[Array]) -> tuple[Array, dict]:
         rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
-        logits, states, query_vectors = self.module.apply(
+        # Without `mutable`, flax's apply returns the output alone (it types it as maybe (output, state)): so here.
+        logits, states, query_vectors = cast(tuple[Array, Array, Array], self.module.apply(
             {"params": params}, batch["encoder_input_tokens"], batch["decoder_input_tokens"],
-            enable_dropout=dropout_rng is not None, rngs=rngs, method=GdrNetwork.train_outputs)
+            enable_dropout=dropout_rng is not None, rngs=rngs, method=GdrNetwork.train_outputs))
         columns, weights, invalid = self._columns_and_weights(batch, length=logits.shape[1])
         outputs = losses.Outputs(logits=logits, states=states, columns=columns, weights=weights, invalid=invalid)
         return self.gdr_loss(outputs=outputs, query_vectors=query_vectors, positive_vectors=batch["positive_vector"],
@@ -145,13 +146,15 @@ class GdrModel(EncoderDecoderModel):
 
     def query_vectors(self, params, encoder_input_tokens: Array) -> Array:
         """r_q float32[B, document_dim] without dropout."""
-        return self.module.apply({"params": params}, encoder_input_tokens, method=GdrNetwork.query_vectors)
+        return cast(Array, self.module.apply({"params": params}, encoder_input_tokens,
+                                             method=GdrNetwork.query_vectors))
 
     def recall_batch(self, params, encoder_input_tokens: Array, *, num_beams: int, max_decode_len: int,
                      trie: Trie) -> tuple[decoding.BeamSearchResult, Array]:
         """Both stages' query side from one encoding: the `num_beams` best cluster ids (constrained beam search, as
         `predict_batch`) and r_q float32[B, document_dim]."""
-        context, query_vectors = self.module.apply({"params": params}, encoder_input_tokens,
-                                                   max_decode_len=max_decode_len, method=GdrNetwork.recall_context)
+        context, query_vectors = cast(tuple[network.DecodeContext, Array], self.module.apply(
+            {"params": params}, encoder_input_tokens, max_decode_len=max_decode_len,
+            method=GdrNetwork.recall_context))
         result = self.beam_search_from(params, context, num_beams=num_beams, max_decode_len=max_decode_len, trie=trie)
         return result, query_vectors

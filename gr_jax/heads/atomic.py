@@ -13,7 +13,7 @@ columns shard-wise (`top_k_columns`): no device ever holds the logits of all 8.8
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -35,6 +35,9 @@ class AtomicLayer(HeadLayer):
     """`atomic_logits_dense` [embed, columns]: one column per docid (see the module docstring); `head` is an
     `AtomicHead`."""
 
+    if TYPE_CHECKING:  # the head that built the layer (`OutputHead.layer`), an AtomicHead; no field of its own
+        head: AtomicHead
+
     def setup(self):
         cfg = self.config
         self.atomic_logits_dense = logical_param(self, "atomic_logits_dense", fan_in_init(1),
@@ -46,8 +49,9 @@ class AtomicLayer(HeadLayer):
     def docid_logits(self, states: Array) -> Array:
         """states [..., embed] -> float32 logits over the docid columns [..., columns] (padding columns NEG_INF)."""
         head = self.head
+        _, size = head.docid_tokens()
         logits = jnp.einsum("...d,dv->...v", states, self.atomic_logits_dense.astype(self.config.dtype))
-        return masked_logits(logits, jnp.arange(head.columns()) < head.docid_vocab_size)
+        return masked_logits(logits, jnp.arange(head.columns()) < size)
 
     def __call__(self, states, *, embedded, encoded, cross_mask, deterministic):
         """Logits [batch, 1, columns]: column i for token docid_vocab_start + i."""
@@ -64,11 +68,12 @@ class AtomicLayer(HeadLayer):
         materialises all docid logits of each row: retrieval uses `AtomicHead.rank` instead."""
         del embedded, cache, context, cross_mask
         head = self.head
+        start, size = head.docid_tokens()
         vocab = head.logits_vocab_size(self.config)
         logits = self.docid_logits(states)[:, 0]
         rows = logits.shape[0]
-        logits = jnp.concatenate([jnp.full((rows, head.docid_vocab_start), NEG_INF, jnp.float32),
-                                  logits[:, :head.docid_vocab_size],
+        logits = jnp.concatenate([jnp.full((rows, start), NEG_INF, jnp.float32),
+                                  logits[:, :size],
                                   jnp.full((rows, vocab - head.docid_vocab_end), NEG_INF, jnp.float32)], axis=1)
         eos_only = jnp.where(jnp.arange(vocab) == EOS_ID, 0.0, NEG_INF).astype(jnp.float32)
         return jnp.where(position == 0, logits, eos_only[None, :]), ()
@@ -83,8 +88,8 @@ class AtomicHead(OverDocidTokens):
 
     def columns(self) -> int:
         """Columns of the head: docid_vocab_size padded to a multiple of 128 (padding columns are masked)."""
-        self.require_docid_range()
-        return -(-self.docid_vocab_size // COLUMNS_MULTIPLE) * COLUMNS_MULTIPLE
+        _, size = self.docid_tokens()
+        return -(-size // COLUMNS_MULTIPLE) * COLUMNS_MULTIPLE
 
     def logits_vocab_size(self, config):
         """The decoded token space ends with the docid tokens (decoded sequences are `[docid token, EOS]`)."""
@@ -97,8 +102,8 @@ class AtomicHead(OverDocidTokens):
         start position, `step_inputs` feeds PAD after it), so T5-Base with 8.8M atomic docids embeds T5's 32,128
         ids (Table 4's 7.0B parameters), not a second 8.8M-row matrix."""
         del config, model_vocab_size
-        self.require_docid_range()
-        return self.docid_vocab_start
+        start, _ = self.docid_tokens()
+        return start
 
     def fresh_param_patterns(self, config):
         """The docid columns replace the output layer: nothing pretrained to copy."""
@@ -108,8 +113,9 @@ class AtomicHead(OverDocidTokens):
         """Column = token - docid_vocab_start, at the first position only (the logits cover that one position); a
         weighted target that is no docid token is invalid, unweighted ones (padding rows) are scored at column 0."""
         del config
-        columns = targets - self.docid_vocab_start
-        outside = (columns < 0) | (columns >= self.docid_vocab_size)
+        start, size = self.docid_tokens()
+        columns = targets - start
+        outside = (columns < 0) | (columns >= size)
         return jnp.where(outside, 0, columns), outside & (weights > 0)
 
     def predict_batch(self, model, params, encoder_input_tokens, *, num_beams, max_decode_len, trie, length_penalty):
@@ -133,10 +139,11 @@ class AtomicHead(OverDocidTokens):
             raise ValueError(f"num_results must be a positive int, got {num_results!r}")
         if max_decode_len < 2:
             raise ValueError(f"max_decode_len={max_decode_len}: an atomic docid needs 2 tokens (docid, EOS)")
+        start, size = self.docid_tokens()
         states = model.module.apply({"params": params}, encoder_input_tokens, method=Transformer.start_states)
         scores, columns = top_k_columns(states, params["atomic_logits_dense"], k=num_results, first_column=0,
-                                        end_column=self.docid_vocab_size)
-        tokens = columns + self.docid_vocab_start
+                                        end_column=size)
+        tokens = columns + start
         found = scores > NEG_INF / 2  # masked columns only surface when num_results > number of docids
         scores = jnp.where(found, scores, -jnp.inf)
         if length_penalty:

@@ -178,15 +178,16 @@ class OverDocidTokens(OutputHead):
         if (self.docid_vocab_start is None) != (self.docid_vocab_size is None):
             raise ValueError(f"{name}: set both docid_vocab_start and docid_vocab_size, or neither (the model "
                              "builder fills them from the docid space)")
-        if self.docid_vocab_start is not None and (self.docid_vocab_start <= EOS_ID or self.docid_vocab_size < 1):
+        if (self.docid_vocab_start is not None and self.docid_vocab_size is not None
+                and (self.docid_vocab_start <= EOS_ID or self.docid_vocab_size < 1)):
             raise ValueError(f"{name}: docid tokens must be ids above EOS={EOS_ID} (docid_vocab_start="
                              f"{self.docid_vocab_start}) and at least one (docid_vocab_size={self.docid_vocab_size})")
 
     @property
     def docid_vocab_end(self) -> int:
         """One past the last docid token."""
-        self.require_docid_range()
-        return self.docid_vocab_start + self.docid_vocab_size
+        start, size = self.docid_tokens()
+        return start + size
 
     def check(self, config: T5Config) -> None:
         """The range inside `output_vocab_size` where that is set."""
@@ -196,12 +197,14 @@ class OverDocidTokens(OutputHead):
                 raise ValueError(f"output_vocab_size={config.output_vocab_size} does not cover the docid tokens "
                                  f"[{self.docid_vocab_start}, {self.docid_vocab_end}) of the {type(self).__name__}")
 
-    def require_docid_range(self) -> None:
-        """Raises unless the docid token range the head's output layer covers is known."""
-        if self.docid_vocab_start is None:
+    def docid_tokens(self) -> tuple[int, int]:
+        """(docid_vocab_start, docid_vocab_size), the docid tokens the head's output layer covers; raises unless they
+        are known."""
+        if self.docid_vocab_start is None or self.docid_vocab_size is None:
             raise ValueError(f"{type(self).__name__} needs docid_vocab_start and docid_vocab_size, the id range of the "
                              "docid tokens its output layer covers: bind them in gin, or let the model builder fill "
                              "them from the docid space (gr_jax.experiment.build_model)")
+        return self.docid_vocab_start, self.docid_vocab_size
 
     def with_docid_range(self, docid_token_range: Optional[tuple[int, int]]) -> OverDocidTokens:
         """This head with the docid range of the docid space, or checked against it when gin fixed one."""

@@ -14,7 +14,7 @@ when unset.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import jax
 import jax.numpy as jnp
@@ -34,10 +34,15 @@ class PawaLayer(StandardLayer):
     """`logits_dense` (shared with the standard head, so a pretrained lm_head fills it) mixed per position by the
     PAWA stack's generated matrices, restricted to EOS and the docid tokens; `head` is a `PawaHead`."""
 
+    if TYPE_CHECKING:  # the head that built the layer (`OutputHead.layer`), a PawaHead; no field of its own
+        head: PawaHead
+
     def setup(self):
         cfg, head = self.config, self.head
-        head.require_docid_range()
+        head.docid_tokens()  # raises unless the docid token range is known
         super().setup()
+        if cfg.vocab_size is None:
+            raise ValueError("T5Config.vocab_size is unset: the PAWA decoder embeds the docid tokens")
         if head.docid_vocab_end > min(cfg.vocab_size, head.logits_vocab_size(cfg)):
             raise ValueError(f"the docid tokens [{head.docid_vocab_start}, {head.docid_vocab_end}) do not fit the "
                              f"vocabulary ({cfg.vocab_size} input, {head.logits_vocab_size(cfg)} output tokens): the "
@@ -50,8 +55,8 @@ class PawaLayer(StandardLayer):
         x = self.pawa.mix(states, pawa_states)
         logits = jnp.einsum("...d,dv->...v", x, self.logits_dense.astype(cfg.dtype))
         column = jnp.arange(head.logits_vocab_size(cfg))
-        return masked_logits(logits, (column == EOS_ID) | (
-            (column >= head.docid_vocab_start) & (column < head.docid_vocab_end)))
+        start, size = head.docid_tokens()
+        return masked_logits(logits, (column == EOS_ID) | ((column >= start) & (column < start + size)))
 
     def __call__(self, states, *, embedded, encoded, cross_mask, deterministic):
         pawa_states = self.pawa(embedded, encoded, cross_mask=cross_mask, deterministic=deterministic)
@@ -70,9 +75,9 @@ class PawaLayer(StandardLayer):
         """The per-position output projections W_t = M_t W restricted to EOS and the docid tokens,
         float32[batch, tgt_len, embed, 1 + docid_vocab_size] (column 0: EOS). For inspection and tests only: the
         head never materialises them (it computes (h_t M_t) W)."""
-        head = self.head
+        start, size = self.head.docid_tokens()
         u = self.pawa(embedded, encoded, cross_mask=cross_mask, deterministic=True)
-        columns = jnp.concatenate([jnp.array([EOS_ID]), head.docid_vocab_start + jnp.arange(head.docid_vocab_size)])
+        columns = jnp.concatenate([jnp.array([EOS_ID]), start + jnp.arange(size)])
         shared = jnp.take(self.logits_dense, columns, axis=1).astype(jnp.float32)
         return jnp.einsum("btde,ev->btdv", self.pawa.generated_matrices(u).astype(jnp.float32), shared)
 

@@ -6,7 +6,7 @@ of its own: the vocabulary it covers is the network's (`T5Config.output_vocab_si
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import ClassVar, Optional
 
 import jax
 import jax.numpy as jnp
@@ -45,7 +45,8 @@ class StandardLayer(HeadLayer):
 class StandardHead(OutputHead):
     """T5.1.1's projection over the vocabulary (see the module docstring)."""
 
-    layer_class = StandardLayer
+    # Declared as the base's: a subclass's layer (PAWA's) takes that subclass as its `head`.
+    layer_class: ClassVar[type[HeadLayer]] = StandardLayer
 
     def lm_head_parameter(self, config: T5Config) -> Optional[str]:
         """`logits_dense`, when its columns are the input vocabulary's tokens (a pretrained lm_head's rows)."""

@@ -159,7 +159,8 @@ class NgramBuilt(Built):
         if not settings.constrained:
             raise ValueError("n-gram ids decode through the span trie: constrained must be True")
         search = _SpanSearch(batch_size=settings.batch_size, num_beams=settings.num_beams, constrained=True)
-        spans = super().retriever(params, settings=search, show_progress=show_progress, step=step)
+        del step
+        spans = self.docid_retriever(params, settings=search, show_progress=show_progress)
         return NgramRetriever(spans=spans, index=self.index, num_spans=settings.num_beams)
 
     @functools.cached_property

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Sequence
+from typing import cast
 
 import numpy as np
 
@@ -15,6 +16,9 @@ from gr_jax.vocabulary import EOS_ID, PAD_ID
 
 # Docids are encoded this many at a time (bounds the Python lists alive at once for 8.8M ids).
 _ENCODE_CHUNK = 65_536
+
+EncodeOne = Callable[[str], Sequence[int]]  # one docid -> its token ids
+EncodeBatch = Callable[[list[str]], Sequence[Sequence[int]]]  # docids -> their token ids each
 
 
 @register_scheme
@@ -41,7 +45,7 @@ class NaiveScheme(DocidScheme):
 def naive_docid_table(
     *,
     docids: Iterable[str],
-    encode: Callable[[str], Sequence[int]] | Callable[[list[str]], Sequence[Sequence[int]]],
+    encode: EncodeOne | EncodeBatch,
     batched: bool = False,
 ) -> DocidTable:
     """Naive docids (DSI): each document's own id string, tokenised by the vocabulary, then EOS.
@@ -57,7 +61,9 @@ def naive_docid_table(
     length_chunks: list[np.ndarray] = []
     for start in range(0, len(docids), _ENCODE_CHUNK):
         chunk = docids[start:start + _ENCODE_CHUNK]
-        encoded = encode(list(chunk)) if batched else [encode(d) for d in chunk]
+        # `batched` says which of the two `encode` is (a callable's parameter types are not checkable at run time).
+        encoded = (cast(EncodeBatch, encode)(list(chunk)) if batched
+                   else [cast(EncodeOne, encode)(d) for d in chunk])
         if len(encoded) != len(chunk):
             raise ValueError(f"batched encode returned {len(encoded)} sequences for {len(chunk)} docids")
         lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(chunk))

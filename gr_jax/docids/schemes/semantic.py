@@ -97,20 +97,20 @@ def semantic_docid_table(*, docids: Sequence[str], ids: SemanticIds, digit_token
     tokens: int32[N, max_depth * len(str(k - 1)) + len(str(c - 1)) + 1].
     """
     docids = check_docids(docids, len(ids))
-    digit_tokens = np.asarray(digit_tokens, dtype=np.int64)
-    if (digit_tokens.shape != (10,) or len(set(digit_tokens.tolist())) != 10
-            or np.isin(digit_tokens, (PAD_ID, EOS_ID)).any() or (digit_tokens < 0).any()):
-        raise ValueError(f"digit_tokens must be 10 distinct token ids other than PAD/EOS, got {digit_tokens.tolist()}")
+    digit_ids = np.asarray(digit_tokens, dtype=np.int64)
+    if (digit_ids.shape != (10,) or len(set(digit_ids.tolist())) != 10
+            or np.isin(digit_ids, (PAD_ID, EOS_ID)).any() or (digit_ids < 0).any()):
+        raise ValueError(f"digit_tokens must be 10 distinct token ids other than PAD/EOS, got {digit_ids.tolist()}")
     level_width, leaf_width = len(str(ids.k - 1)), len(str(ids.c - 1))
     n = len(ids)
     tokens = np.full((n, ids.max_depth * level_width + leaf_width + 1), PAD_ID, np.int32)
     for level in range(ids.max_depth):
         rows = np.flatnonzero(ids.depth > level)
         for j, digit in enumerate(digits_of(ids.path[rows, level], level_width)):
-            tokens[rows, level * level_width + j] = digit_tokens[digit]
+            tokens[rows, level * level_width + j] = digit_ids[digit]
     all_rows = np.arange(n)
     leaf_start = ids.depth.astype(np.int64) * level_width
     for j, digit in enumerate(digits_of(ids.leaf_position, leaf_width)):
-        tokens[all_rows, leaf_start + j] = digit_tokens[digit]
+        tokens[all_rows, leaf_start + j] = digit_ids[digit]
     tokens[all_rows, leaf_start + leaf_width] = EOS_ID
     return DocidTable(docids=docids, tokens=tokens)
