@@ -21,7 +21,7 @@ from gr_jax import network
 from gr_jax import warm_start
 from gr_jax.docids import DocidSpace
 from gr_jax.docids.identifiers import DocumentIdentifiers
-from gr_jax.family import BuiltRun, ModelFamily
+from gr_jax.family import BuiltRun, ModelFamily, TrainingData
 from gr_jax.heads import OutputHead, StandardHead
 from gr_jax.models import EncoderDecoderModel
 from gr_jax.retrievers import ParametricRetriever
@@ -34,23 +34,12 @@ from gr_jax.vocabulary import load_vocabulary, vocabulary_file
 logger = logging.getLogger(__name__)
 
 
-class RunData(Protocol):
-    """What an Experiment trains on: a data dir, its seqio mixture and, for retrieval, its docid space."""
+class RunData(TrainingData, Protocol):
+    """What an Experiment trains on: a data dir (`TrainingData`'s lengths and eval split), its seqio mixture and, for
+    retrieval, its docid space."""
 
     @property
     def name(self) -> str: ...
-
-    @property
-    def data_dir(self) -> str: ...
-
-    @property
-    def input_length(self) -> int: ...
-
-    @property
-    def target_length(self) -> int: ...
-
-    @property
-    def eval_split(self) -> str: ...
 
     @property
     def vocabulary_path(self) -> Optional[str]: ...

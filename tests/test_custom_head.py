@@ -8,7 +8,6 @@ Also here: a run's config.gin written before heads owned their settings (`networ
 import dataclasses
 import json
 import pathlib
-import shutil
 
 import gin
 import jax
@@ -21,7 +20,6 @@ from gr_jax import network
 from gr_jax.heads import AtomicHead, PawaHead, StandardHead
 from gr_jax.heads.standard import StandardLayer
 from gr_jax.models import EncoderDecoderModel
-from gr_jax.vocabulary import train_sentencepiece
 
 from conftest import FIXTURES
 
@@ -99,17 +97,8 @@ def test_the_scaled_head_scales_the_standard_logits_with_the_same_parameters():
                                atol=1e-4)
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> pathlib.Path:
-    path = tmp_path_factory.mktemp("data") / "fixture"
-    shutil.copytree(FIXTURES / "tasks", path)
-    texts = [line.split("\t", 1)[1] for name in ("collection.tsv", "queries.train.tsv")
-             for line in (path / name).read_text().splitlines()]
-    train_sentencepiece(texts=texts * 3, model_path=path / "spm.model", vocab_size=320)
-    return path
-
-
-def test_a_head_bound_in_gin_trains_and_evaluates_through_the_entry_points(data_dir, tmp_path, capsys):
+def test_a_head_bound_in_gin_trains_and_evaluates_through_the_entry_points(spm_data_dir, tmp_path, capsys):
+    data_dir = spm_data_dir
     from gr_jax import eval as eval_main
     from gr_jax import train as train_main
     head_gin = tmp_path / "scaled_head.gin"
