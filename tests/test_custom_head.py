@@ -108,7 +108,7 @@ def test_a_head_bound_in_gin_trains_and_evaluates_through_the_entry_points(spm_d
     train_main.main(["--gin_file=runs/train.gin", "--gin_file=models/t5_1_1/tiny.gin", f"--gin_file={head_gin}",
                      "--gin.TRAIN_STEPS=2", "--gin.network.T5Config.num_encoder_layers=1",
                      "--gin.network.T5Config.num_decoder_layers=1", f"--gin.DATA_DIR='{data_dir}'",
-                     f"--gin.MODEL_DIR={model_dir}", "--gin.DATASET_NAME='fixture'", "--gin.INPUT_LENGTH=16",
+                     f"--gin.MODEL_DIR={model_dir}", "--gin.DATASET_NAME='custom_head'", "--gin.INPUT_LENGTH=16",
                      "--gin.TARGET_LENGTH=12", "--gin.BATCH_SIZE=8", "--gin.training.EvalConfig.num_beams=4",
                      "--gin.training.EvalConfig.batch_size=8", "--gin.LOGIT_SCALE=3.0"])
     final = json.loads((model_dir / "final_metrics.json").read_text())
