@@ -23,6 +23,8 @@ import pathlib
 from collections.abc import Mapping
 from typing import Any
 
+from gr_jax import partitioning
+
 
 @dataclasses.dataclass(frozen=True)
 class RunDir:
@@ -92,10 +94,18 @@ class RunDir:
     def examples_record(self, *, process: int, count: int) -> pathlib.Path:
         return self.path / f"train_examples-{process}-of-{count}.jsonl"
 
+    def write_config(self, gin_config: str) -> None:
+        """Writes the gin config the run trains with. Every process calls it; the primary one writes."""
+        if partitioning.is_primary_process():
+            self.config.write_text(gin_config)
+
     def write_final_metrics(self, report: Mapping[str, Any]) -> dict[str, Any]:
         """Writes the training run's report (atomically) over an earlier attempt's, keeping what this one does not
         measure again: a rerun of a finished run trains no step, so its report has no training metrics, and would
-        otherwise replace them. Returns the report written."""
+        otherwise replace them. Returns the report written. Every process calls it; the primary one reads and writes
+        the file, the others return `report`."""
+        if not partitioning.is_primary_process():
+            return dict(report)
         previous = json.loads(self.final_metrics.read_text()) if self.final_metrics.is_file() else {}
         merged = {**previous, **report}
         write_json(self.final_metrics, merged)

@@ -179,3 +179,16 @@ class Trainer:
         """Lowered (not compiled) train step, for cost analysis in benchmarks."""
         with self.sharding_context():
             return self._train_step.lower(state, batch, rng)
+
+
+def summarize_steps(pending: Sequence[Mapping[str, Any]], *, seconds: float,
+                    tokens_per_batch: int) -> dict[str, float]:
+    """The training metrics of the steps since the last report, each merged over the steps by its own reduction
+    (`gr_jax.metrics`: the loss per target token, the last step's learning rate and gradient norm), and steps and
+    tokens per second."""
+    if not pending:
+        return {}
+    summary = metrics_lib.summarize(metrics_lib.merge_steps(jax.device_get(list(pending))))
+    summary["steps_per_second"] = len(pending) / seconds
+    summary["tokens_per_second"] = len(pending) * tokens_per_batch / seconds
+    return summary

@@ -24,7 +24,6 @@ import tqdm
 from gr_jax import checkpoints
 from gr_jax import logs
 from gr_jax import metric_writers
-from gr_jax import metrics as metrics_lib
 from gr_jax import partitioning
 from gr_jax.actions import (Action, SaveCheckpoint, StopOnNonFiniteLoss, TrainingProgress, TrainingRun,
                             WriteTrainMetrics, evaluation_actions)
@@ -33,6 +32,7 @@ from gr_jax.family import BuiltRun, ModelFamily, TrainingSetup
 # gin names the retrieval settings `training.EvalConfig` (the gin files, every run's config.gin): one class, two names.
 from gr_jax.retrievers.settings import EvalConfig
 from gr_jax.run_dir import RunDir, write_json
+from gr_jax.trainer import summarize_steps
 
 logger = logging.getLogger(__name__)
 
@@ -102,19 +102,6 @@ def example_fingerprints(batch: Mapping[str, Any]) -> list[str]:
     arrays = [np.asarray(batch[name]) for name in sorted(batch)]
     return [hashlib.sha256(b"".join(a[row].tobytes() for a in arrays)).hexdigest()[:16]
             for row in range(len(arrays[0]))]
-
-
-def summarize_steps(pending: Sequence[Mapping[str, Any]], *, seconds: float,
-                    tokens_per_batch: int) -> dict[str, float]:
-    """The training metrics of the steps since the last report, each merged over the steps by its own reduction
-    (`gr_jax.metrics`: the loss per target token, the last step's learning rate and gradient norm), and steps and
-    tokens per second."""
-    if not pending:
-        return {}
-    summary = metrics_lib.summarize(metrics_lib.merge_steps(jax.device_get(list(pending))))
-    summary["steps_per_second"] = len(pending) / seconds
-    summary["tokens_per_second"] = len(pending) * tokens_per_batch / seconds
-    return summary
 
 
 def training_loop(*, run: TrainingRun, state: Any, num_train_steps: int, actions: Sequence[Action],
@@ -239,8 +226,8 @@ def _train(*, experiment: ModelFamily, run_dir: RunDir, log: pathlib.Path, num_t
     built = experiment.build(keep_checkpoints=keep_checkpoints)
     logger.info("model: %s parameters; the full log is in %s", f"{built.trainer.param_count():,}", log)
     logger.info("model: %s", getattr(built.model, "config", built.model), extra=logs.FILE_ONLY)
-    if gin_config_str and partitioning.is_primary_process():
-        run_dir.config.write_text(gin_config_str)
+    if gin_config_str:
+        run_dir.write_config(gin_config_str)
     state, start_batch, input_checkpoint = initial_state(built)
     run = TrainingRun(built=built, writer=metric_writers.create_writer(run_dir.path),
                       start_step=int(jax.device_get(state.step)), start_batch=start_batch,
@@ -252,10 +239,9 @@ def _train(*, experiment: ModelFamily, run_dir: RunDir, log: pathlib.Path, num_t
                    *evaluation_actions(eval_config, built, show_progress=progress), *actions]
     _, report = training_loop(run=run, state=state, num_train_steps=num_train_steps, actions=all_actions,
                               report_every_steps=log_every_steps, progress=progress, record_examples=record_examples)
-    if partitioning.is_primary_process():
-        report = run_dir.write_final_metrics(report)
-        logger.info("step %d: final metrics in %s, checkpoints in %s", built.checkpointer.latest_step() or 0,
-                    run_dir.final_metrics, run_dir.checkpoints)
+    report = run_dir.write_final_metrics(report)
+    logger.info("step %d: final metrics in %s, checkpoints in %s", built.checkpointer.latest_step() or 0,
+                run_dir.final_metrics, run_dir.checkpoints)
     return report
 
 

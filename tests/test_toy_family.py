@@ -26,6 +26,7 @@ from gr_jax.metrics import Average
 from gr_jax.retrievers import Ranking
 from gr_jax.retrievers.settings import EvalConfig, RetrievalSettings
 from gr_jax.run_dir import RunDir
+from gr_jax.tools import call_path
 from gr_jax.trainer import TrainState
 
 # --- The family: data, model, retriever, experiment, built run ---------------------------------------------------
@@ -201,3 +202,18 @@ def test_a_family_of_one_module_trains_resumes_and_is_evaluated_like_every_run(f
     resumed, step = experiment.build().restore_params()
     assert step == 60
     np.testing.assert_array_equal(np.asarray(resumed["w"]), np.asarray(params["w"]))
+
+
+def test_the_training_loop_hands_control_to_five_library_modules_besides_the_family(fixtures_dir, tmp_path):
+    """`training.py`'s reach (docs/architecture.md, at most 8 modules with a generative family's): the toy family's
+    parts are outside the library, so what is counted is the training loop's own machinery."""
+    experiment = BagOfWordsExperiment(model_dir=str(tmp_path / "run"),
+                                      dataset=BagOfWordsData(data_dir=str(fixtures_dir / "msmarco")),
+                                      learning_rate=optax.constant_schedule(0.5), optimizer_factory=optax.adam,
+                                      batch_size=8)
+    calls = call_path.library_calls(caller=training.__file__, run=lambda: training.train(
+        experiment=experiment, num_train_steps=2, eval_config=EvalConfig(every_steps=0, ranking_depth=5),
+        gin_config_str="# a config\n", progress=False))
+    assert set(calls) == {"gr_jax.run_dir", "gr_jax.trainer", "gr_jax.checkpoints", "gr_jax.metric_writers",
+                          "gr_jax.actions"}
+    assert call_path.collapsed(["a", "a", "b", "a"]) == ["a", "b", "a"]
