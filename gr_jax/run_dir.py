@@ -23,16 +23,16 @@ import pathlib
 from collections.abc import Mapping
 from typing import Any
 
-from gr_jax import partitioning
-
 
 @dataclasses.dataclass(frozen=True)
 class RunDir:
+    """A run's directory as one process of its job sees it: the primary process (0) writes the run's own files."""
     path: pathlib.Path
+    process: int = 0
 
     @classmethod
-    def of(cls, model_dir: str | os.PathLike) -> RunDir:
-        return cls(path=pathlib.Path(model_dir))
+    def of(cls, model_dir: str | os.PathLike, *, process: int = 0) -> RunDir:
+        return cls(path=pathlib.Path(model_dir), process=process)
 
     @property
     def config(self) -> pathlib.Path:
@@ -96,7 +96,7 @@ class RunDir:
 
     def write_config(self, gin_config: str) -> None:
         """Writes the gin config the run trains with. Every process calls it; the primary one writes."""
-        if partitioning.is_primary_process():
+        if self.process == 0:
             self.config.write_text(gin_config)
 
     def write_final_metrics(self, report: Mapping[str, Any]) -> dict[str, Any]:
@@ -104,7 +104,7 @@ class RunDir:
         measure again: a rerun of a finished run trains no step, so its report has no training metrics, and would
         otherwise replace them. Returns the report written. Every process calls it; the primary one reads and writes
         the file, the others return `report`."""
-        if not partitioning.is_primary_process():
+        if self.process != 0:
             return dict(report)
         previous = json.loads(self.final_metrics.read_text()) if self.final_metrics.is_file() else {}
         merged = {**previous, **report}

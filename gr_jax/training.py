@@ -209,9 +209,9 @@ def train(*, experiment: ModelFamily, num_train_steps: int, checkpoint_every_ste
             checkpoint_every_seconds, (int, float)) or not checkpoint_every_seconds > 0):
         raise ValueError(f"training.train.checkpoint_every_seconds must be a number > 0 or None, got "
                          f"{checkpoint_every_seconds!r}")
-    run_dir = RunDir.of(experiment.model_dir)
+    run_dir = RunDir.of(experiment.model_dir, process=jax.process_index())
     run_dir.path.mkdir(parents=True, exist_ok=True)
-    with logs.run_log(run_dir.log(jax.process_index())) as log:
+    with logs.run_log(run_dir.log(run_dir.process)) as log:
         return _train(experiment=experiment, run_dir=run_dir, log=log, num_train_steps=num_train_steps,
                       checkpoint_every_steps=checkpoint_every_steps,
                       checkpoint_every_seconds=checkpoint_every_seconds, keep_checkpoints=keep_checkpoints,

@@ -36,3 +36,15 @@ def test_final_metrics_are_written_whole_and_never_replaced_by_less(tmp_path):
     assert run.write_final_metrics({"eval/MRR@10": 0.5}) == {"train/loss": 1.5, "eval/MRR@10": 0.5}
     assert json.loads(run.final_metrics.read_text()) == {"train/loss": 1.5, "eval/MRR@10": 0.5}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["final_metrics.json"]  # no temporary file left
+
+
+def test_only_the_primary_process_writes_the_runs_own_files(tmp_path):
+    other = RunDir.of(tmp_path, process=1)
+    other.write_config("x = 1\n")
+    assert other.write_final_metrics({"eval/MRR@10": 0.5}) == {"eval/MRR@10": 0.5}
+    assert list(tmp_path.iterdir()) == []
+    primary = RunDir.of(tmp_path)
+    primary.write_config("x = 1\n")
+    primary.write_final_metrics({"eval/MRR@10": 0.5})
+    assert primary.config.read_text() == "x = 1\n"
+    assert json.loads(primary.final_metrics.read_text()) == {"eval/MRR@10": 0.5}
