@@ -37,11 +37,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import tqdm
-from sklearn.decomposition import MiniBatchDictionaryLearning
 
 from gr_jax.docids.codebook_ids import collision_indices
 from gr_jax.docids.kmeans import check_embeddings
@@ -50,6 +49,9 @@ from gr_jax.docids.schemes.semantic import check_docids
 from gr_jax.docids.table import (DocidTable, ExtendedDocidTable, appended_tokens_problem,
                                  check_appended_vocab_size)
 from gr_jax.vocabulary import EOS_ID, PAD_ID
+
+if TYPE_CHECKING:
+    from sklearn.decomposition import MiniBatchDictionaryLearning
 
 # Documents coded at a time: bounds the dense codes and scikit-learn's Gram products of a chunk.
 _CHUNK = 16_384
@@ -207,6 +209,9 @@ def learn_dictionary(*, embeddings: np.ndarray, atoms: int, nonzeros: int, alpha
                      seed: int) -> MiniBatchDictionaryLearning:
     """scikit-learn's dictionary of `atoms` atoms for the rows of `embeddings` float[N, dim], fitted, its transform
     OMP with `nonzeros` non-zeros (see the module docstring)."""
+    # Imported here: scikit-learn's import (with scipy's) costs every process that registers the schemes about a
+    # second, and only this offline build uses it.
+    from sklearn.decomposition import MiniBatchDictionaryLearning
     learner = MiniBatchDictionaryLearning(n_components=atoms, alpha=alpha, max_iter=iterations,
                                           transform_algorithm="omp", transform_n_nonzero_coefs=nonzeros,
                                           random_state=seed)
