@@ -20,7 +20,8 @@ def _free_port() -> int:
 def _train_args(data, model_dir, *, steps: int) -> list[str]:
     return micro_ranked_run_args(data=data, model_dir=model_dir, name="multiprocess", steps=steps, bindings=[
         "--gin.network.T5Config.emb_dim=64", "--gin.network.T5Config.mlp_dim=128",
-        "--gin.training.train.checkpoint_every_steps=2", "--gin.training.train.log_every_steps=1"])
+        "--gin.training.train.checkpoint_every_steps=2", "--gin.training.train.log_every_steps=1",
+        "--gin.INPUT_LENGTH=80"])  # the longest query is 66 tokens: the fixture's 192 fit its documents (indexing)
 
 
 # `python -m gr_jax.train ARGS` as on a JAX-only host: the ranked lists are made on the host (no seqio, no tf.data), so
@@ -36,7 +37,9 @@ _TRAIN_WITHOUT_TENSORFLOW = ("import sys\n"
 def _run(jobs: list[tuple[list[str], int]], *, cwd) -> None:
     """Runs the train entry point once per (arguments, CPU devices), concurrently."""
     def env(devices: int) -> dict[str, str]:
-        return {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu"}
+        # LLVM at -O0, as in this process (conftest.py): compiling in five processes is most of this test.
+        flags = f"--xla_force_host_platform_device_count={devices} --xla_backend_optimization_level=0"
+        return {**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}
 
     procs = [subprocess.Popen([sys.executable, "-c", _TRAIN_WITHOUT_TENSORFLOW, *args], cwd=cwd, env=env(devices),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for args, devices in jobs]
@@ -70,5 +73,9 @@ def test_two_processes_train_resume_and_evaluate_as_one(ranked_hypernyms, tmp_pa
     for key in ("train/loss", "train/token_accuracy", "eval/MRR@10", "eval/Recall@1", "eval/nDCG@10",  # 4 beams
                 "eval/num_queries"):
         assert two[key] == pytest.approx(one[key], rel=1e-5, abs=1e-7), key
-    # One process wrote the run's files: one TREC run per evaluation, read back whole.
-    assert (multi / "run.dev.4.trec").read_text() == (single / "run.dev.4.trec").read_text()
+    # One process wrote the run's files: one TREC run per evaluation, read back whole: the same queries, documents and
+    # ranks; the scores as the metrics (at -O0 the partitioned programs round differently in the last digits).
+    lines = [(run / "run.dev.4.trec").read_text().splitlines() for run in (multi, single)]
+    assert [line.split()[:4] for line in lines[0]] == [line.split()[:4] for line in lines[1]] and lines[0]
+    assert [float(line.split()[4]) for line in lines[0]] == pytest.approx([float(line.split()[4]) for line in lines[1]],
+                                                                          rel=1e-5)

@@ -22,7 +22,7 @@ from gr_jax.ranking.evaluation import ranking_candidates, ranking_metrics
 from gr_jax.ranking.targets import Fractional, Stepwise, trie_targets
 from gr_jax.vocabulary import EOS_ID, PAD_ID
 
-from conftest import micro_ranked_run_args
+from conftest import FIXTURES, micro_ranked_run_args
 
 LETTERS = {ch: 3 + i for i, ch in enumerate("acdefghinorstquwxy ")}
 WORDS = ["cat", "dog", "cats", "deer", "fish", "fox"]
@@ -217,15 +217,35 @@ def test_ranking_candidates_and_metrics_by_hand(data_dir):
     assert result["ndcg"] == pytest.approx((1 + gains.sum() / ideal.sum()) / 2)
 
 
-def test_a_micro_run_trains_on_ranked_lists_and_is_ranking_evaluated(ranked_hypernyms, tmp_path, capsys):
+def _micro_args(data, model_dir) -> list[str]:
+    return micro_ranked_run_args(data=data, model_dir=model_dir, name="ranked_fixture",
+                                 gin_files=["ranking/combined.gin"])
+
+
+@pytest.fixture(scope="module")
+def micro_run(tmp_path_factory):
+    """(data dir, model dir) of one micro run on ranked lists (trie targets, item weights, indexing), trained in this
+    process (TensorFlow importable): the ranking evaluation reads it, the TensorFlow-free run must equal it."""
+    import gin
+    from gr_jax import train as train_main
+    from gr_jax.tools import make_vocab, wordnet_hypernyms
+    root = tmp_path_factory.mktemp("micro_run")
+    data = root / "hyp"  # as the suite's ranked_hypernyms fixture, once for this module
+    wordnet_hypernyms.main(["--wordnet_dir", str(FIXTURES / "wordnet"), "--out_dir", str(data), "--root", "food.n.02",
+                            "--dev_fraction", "0.5", "--seed", "1", "--in_context"])
+    make_vocab.main(["--data_dir", str(data), "--vocab_size", "320"])
+    gin.clear_config()
+    try:
+        train_main.main(_micro_args(data, root / "with_tf"))
+    finally:
+        gin.clear_config()
+    return data, root / "with_tf"
+
+
+def test_a_micro_run_trains_on_ranked_lists_and_is_ranking_evaluated(micro_run, capsys):
     import gin
     from gr_jax import ranking_eval
-    from gr_jax import train as train_main
-    data = ranked_hypernyms
-    model_dir = tmp_path / "run"
-    gin.clear_config()
-    train_main.main(micro_ranked_run_args(data=data, model_dir=model_dir, name="ranked_fixture",
-                                          gin_files=["ranking/combined.gin"]))
+    data, model_dir = micro_run
     final = json.loads((model_dir / "final_metrics.json").read_text())
     assert np.isfinite(final["train/loss"])
     gin.clear_config()
@@ -238,25 +258,18 @@ def test_a_micro_run_trains_on_ranked_lists_and_is_ranking_evaluated(ranked_hype
     assert 0 <= by_sum["cvr"] <= 1 and by_sum["num_queries"] == result["num_queries"]
 
 
-def test_host_made_training_needs_no_tensorflow(ranked_hypernyms, tmp_path):
+def test_host_made_training_needs_no_tensorflow(micro_run, tmp_path):
     """A JAX-only host (an accelerator image without TensorFlow or seqio) trains on host-made data and writes its
-    metrics; the losses equal those of a run with TensorFlow importable (the same tokens, batches and steps)."""
-    import gin
-    from gr_jax import train as train_main
-
-    def args(model_dir):
-        return micro_ranked_run_args(data=ranked_hypernyms, model_dir=model_dir, name="jax_only",
-                                     gin_files=["ranking/trie.gin"])
-
-    gin.clear_config()
-    train_main.main(args(tmp_path / "with_tf"))
+    metrics; the losses equal those of the micro run, made with TensorFlow importable (the same tokens, batches and
+    steps; this process's compiled programs, in the session's compilation cache, spare the subprocess compiling)."""
+    data, with_tf_dir = micro_run
     script = ("import sys\n"
               "for name in ('tensorflow', 'seqio', 'tensorflow_text', 'tensorflow_datasets'):\n"
               "    sys.modules[name] = None  # importing any of them now fails\n"
               "from gr_jax import train\n"
-              f"train.main({args(tmp_path / 'jax_only')!r})\n")
+              f"train.main({_micro_args(data, tmp_path / 'jax_only')!r})\n")
     subprocess.run([sys.executable, "-c", script], check=True, cwd=tmp_path)
-    with_tf = json.loads((tmp_path / "with_tf" / "final_metrics.json").read_text())
+    with_tf = json.loads((with_tf_dir / "final_metrics.json").read_text())
     jax_only = json.loads((tmp_path / "jax_only" / "final_metrics.json").read_text())
     assert list((tmp_path / "jax_only").glob("events.out.tfevents.*"))
     for key in ("train/loss", "train/token_accuracy", "eval/MRR@10", "eval/Recall@1"):  # 4 beams: no Recall@10
