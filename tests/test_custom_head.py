@@ -71,7 +71,9 @@ def test_the_scaled_head_scales_the_standard_logits_with_the_same_parameters():
     scaled, standard = (EncoderDecoderModel(config=MICRO, head=ScaledHead(scale=2.5)),
                         EncoderDecoderModel(config=MICRO))
     params = jax.jit(lambda: standard.init(jax.random.PRNGKey(0), input_length=6, target_length=4))()["params"]
-    assert jax.tree.structure(scaled.init(jax.random.PRNGKey(0), input_length=6, target_length=4)["params"]) == \
+    # The trees' shapes (op by op, the scaled model's initialiser would compile each of its ops on its own).
+    assert jax.tree.structure(jax.eval_shape(lambda: scaled.init(jax.random.PRNGKey(0), input_length=6,
+                                                                 target_length=4))["params"]) == \
         jax.tree.structure(params)
     queries = jax.random.randint(jax.random.PRNGKey(1), (2, 6), 3, 128)
     targets = np.array([[5, 6, 1, 0], [7, 1, 0, 0]], np.int32)
@@ -81,12 +83,15 @@ def test_the_scaled_head_scales_the_standard_logits_with_the_same_parameters():
     np.testing.assert_allclose(logits[0], 2.5 * logits[1], rtol=1e-6)
     # Scoring and decoding go through the head: the score is the log-softmax of the scaled logits, and beam search
     # ranks by it (a finished beam's score is its teacher-forced score).
-    batch = {"encoder_input_tokens": queries, "decoder_input_tokens": inputs, "decoder_target_tokens": targets}
+    # Each query's row three times: the beams' rescoring below has the same shapes (one compiled score_batch).
+    batch = {"encoder_input_tokens": jnp.repeat(queries, 3, axis=0), "decoder_input_tokens": np.repeat(inputs, 3, 0),
+             "decoder_target_tokens": np.repeat(targets, 3, axis=0)}
     log_p = np.asarray(jax.nn.log_softmax(2.5 * logits[1]))
     expected = [float(sum(log_p[i, t, targets[i, t]] for t in range(4) if targets[i, t] > 0)) for i in range(2)]
-    np.testing.assert_allclose(jax.jit(scaled.score_batch)(params, batch), expected, rtol=1e-5)
+    score_batch = jax.jit(scaled.score_batch)
+    np.testing.assert_allclose(score_batch(params, batch), np.repeat(expected, 3), rtol=1e-5)
     result = jax.jit(lambda p, q: scaled.predict_batch(p, q, num_beams=3, max_decode_len=4))(params, queries)
-    rescored = jax.jit(scaled.score_batch)(params, {
+    rescored = score_batch(params, {
         "encoder_input_tokens": jnp.repeat(queries, 3, axis=0), "decoder_target_tokens": result.sequences.reshape(6, 4),
         "decoder_input_tokens": jnp.pad(result.sequences.reshape(6, 4)[:, :-1], ((0, 0), (1, 0)))})
     sequences = np.asarray(result.sequences).reshape(6, 4)
@@ -110,9 +115,11 @@ def test_a_head_bound_in_gin_trains_and_evaluates_through_the_entry_points(spm_d
                      "--gin.network.T5Config.num_decoder_layers=1", f"--gin.DATA_DIR='{data_dir}'",
                      f"--gin.MODEL_DIR={model_dir}", "--gin.DATASET_NAME='custom_head'", "--gin.INPUT_LENGTH=16",
                      "--gin.TARGET_LENGTH=12", "--gin.BATCH_SIZE=8", "--gin.training.EvalConfig.num_beams=4",
-                     "--gin.training.EvalConfig.batch_size=8", "--gin.LOGIT_SCALE=3.0"])
-    final = json.loads((model_dir / "final_metrics.json").read_text())
-    assert final["eval/num_queries"] == 4 and final["eval/invalid_docid_rate"] == 0.0  # decoded every dev query
+                     "--gin.training.EvalConfig.batch_size=8", "--gin.LOGIT_SCALE=3.0",
+                     # Evaluated once, by gr_jax.eval below from the run's config.gin (what this test is about):
+                     # an evaluation at the end of training too would compile and run the same search twice.
+                     "--gin.training.EvalConfig.every_steps=-1"])
+    assert (model_dir / "final_metrics.json").exists()
     written = (model_dir / "config.gin").read_text()
     assert "HEAD = @test_custom_head.ScaledHead()" in written and "LOGIT_SCALE = 3.0" in written
 
@@ -131,9 +138,13 @@ def test_a_head_bound_in_gin_trains_and_evaluates_through_the_entry_points(spm_d
     queries = jnp.full((1, 16), 5, jnp.int32)
     inputs = jnp.zeros((1, 3), jnp.int32)
     standard = dataclasses.replace(built.model, head=StandardHead())
-    np.testing.assert_allclose(built.model.module.apply({"params": params}, queries, inputs),
-                               3.0 * standard.module.apply({"params": params}, queries, inputs), rtol=1e-5)
+    scaled_logits, standard_logits = jax.jit(lambda p: (  # one program (op by op, each op compiles on its own)
+        built.model.module.apply({"params": p}, queries, inputs), standard.module.apply({"params": p}, queries, inputs)
+    ))(params)
+    np.testing.assert_allclose(scaled_logits, 3.0 * standard_logits, rtol=1e-5)
 
+    # gr_jax.eval from the run's config.gin decodes every dev query with the rebuilt head.
+    capsys.readouterr()
     eval_main.main(["--gin_file", str(model_dir / "config.gin")])
     metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert metrics["num_queries"] == 4 and metrics["invalid_docid_rate"] == 0.0

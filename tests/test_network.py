@@ -30,7 +30,10 @@ def _init(cfg):
 @functools.cache
 def _initial_variables(cfg):
     """_variables(cfg), computed once per config by one program (op by op, each of the initialiser's ops compiles
-    on its own); the tests only read them."""
+    on its own); the tests only read them. The initialiser draws no dropout: configs that differ in `dropout_rate`
+    alone share one init (the same values)."""
+    if cfg.dropout_rate:
+        return _initial_variables(network.T5Config(**{**cfg.__dict__, "dropout_rate": 0.0}))
     return jax.jit(lambda: _variables(cfg))()
 
 
