@@ -5,6 +5,7 @@ the table back."""
 import collections
 import itertools
 import json
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
@@ -12,11 +13,29 @@ from sklearn.decomposition import MiniBatchDictionaryLearning, SparseCoder, spar
 
 from gr_jax.docids import DocidTable, get_scheme
 from gr_jax.docids.scheme import PrebuiltScheme
-from gr_jax.docids.schemes.sparse import (SparseIds, build_sparse_ids, order_by_magnitude, read_sparse_docid,
+from gr_jax.docids.schemes.sparse import (SparseIds, build_sparse_ids, order_by_magnitude,
                                           sparse_codes, sparse_docid_table)
 from gr_jax.vocabulary import EOS_ID, PAD_ID, load_vocabulary
 
 from test_semantic_ids import HashedBagOfWords, topic_data_dir  # noqa: F401  (fixture)
+
+
+def read_sparse_docid(tokens: Sequence[int] | np.ndarray, *, vocab_size: int,
+                      num_atoms: int) -> tuple[tuple[int, ...], int | None]:
+    """(atoms, collision index or None) of a sparse docid's tokens (EOS included; anything after it ignored):
+    the inverse of `sparse_docid_table`'s layout, to check it."""
+    tokens = [int(t) for t in tokens]
+    if EOS_ID not in tokens:
+        raise ValueError(f"{tokens} is no docid: it has no EOS ({EOS_ID})")
+    content = tokens[:tokens.index(EOS_ID)]
+    bad = [t for t in content if t < vocab_size]
+    if bad or not content:
+        raise ValueError(f"{tokens} is no sparse docid over a vocabulary of {vocab_size} pieces")
+    collision = content[-1] - vocab_size - num_atoms if content[-1] >= vocab_size + num_atoms else None
+    atoms = tuple(t - vocab_size for t in (content[:-1] if collision is not None else content))
+    if any(a >= num_atoms for a in atoms):
+        raise ValueError(f"{tokens}: a collision position before the last token")
+    return atoms, collision
 
 
 def unit_rows(vectors):

@@ -267,20 +267,3 @@ def sparse_docid_table(*, docids: Sequence[str], ids: SparseIds, vocab_size: int
     tokens = tokens[:, :int(ends.max(initial=0)) + 1]
     return ExtendedDocidTable(table=DocidTable(docids=docids, tokens=tokens.astype(np.int32)), vocab_size=vocab_size,
                               num_extra_tokens=num_extra_tokens)
-
-
-def read_sparse_docid(tokens: Sequence[int] | np.ndarray, *, vocab_size: int,
-                      num_atoms: int) -> tuple[tuple[int, ...], int | None]:
-    """(atoms, collision index or None) of a sparse docid's tokens (EOS included; anything after it ignored)."""
-    tokens = [int(t) for t in tokens]
-    if EOS_ID not in tokens:
-        raise ValueError(f"{tokens} is no docid: it has no EOS ({EOS_ID})")
-    content = tokens[:tokens.index(EOS_ID)]
-    bad = [t for t in content if t < vocab_size]
-    if bad or not content:
-        raise ValueError(f"{tokens} is no sparse docid over a vocabulary of {vocab_size} pieces")
-    collision = content[-1] - vocab_size - num_atoms if content[-1] >= vocab_size + num_atoms else None
-    atoms = tuple(t - vocab_size for t in (content[:-1] if collision is not None else content))
-    if any(a >= num_atoms for a in atoms):
-        raise ValueError(f"{tokens}: a collision position before the last token")
-    return atoms, collision
