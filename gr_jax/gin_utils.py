@@ -128,10 +128,7 @@ def migrate_head_bindings(text: str, *, source: str) -> str:
         _check_no_old_head_bindings(text, source=source)
         return text
 
-    def line_of(position: int) -> int:
-        return text.count("\n", 0, position) + 1
-
-    values = {match.group(1): (match.group(2), line_of(match.start())) for match in found}
+    values = {match.group(1): (match.group(2), _line_of(text, match.start())) for match in found}
     name = "standard"
     if "decoder_head" in values:
         value, line = values["decoder_head"]
@@ -145,9 +142,9 @@ def migrate_head_bindings(text: str, *, source: str) -> str:
                              "HEAD = @gr_jax.heads.pawa.PawaHead() (gin_configs/decoders/*.gin)")
     takers = sorted(set(_TAKES_NETWORK_CONFIG.findall(text)))
     if not takers:
-        raise ValueError(f"{source}:{line_of(found[0].start())}: {found[0].group(0).strip()} is an old binding (the "
-                         "head is its own configurable now) and nothing here takes a network_config to give the head "
-                         f"to: write HEAD = @{_OLD_HEADS[name]}() and bind the experiment's head = %HEAD "
+        raise ValueError(f"{source}:{_line_of(text, found[0].start())}: {found[0].group(0).strip()} is an old "
+                         "binding (the head is its own configurable now) and nothing here takes a network_config to "
+                         f"give the head to: write HEAD = @{_OLD_HEADS[name]}() and bind the experiment's head = %HEAD "
                          "(gin_configs/decoders/*.gin, runs/train.gin)")
     if "dynamic_registration" not in text:
         raise ValueError(f"{source}: old head bindings in a config without `from __gin__ import dynamic_registration`: "
@@ -166,14 +163,18 @@ def migrate_head_bindings(text: str, *, source: str) -> str:
     return migrated.rstrip("\n") + "\n" + "\n".join(new) + "\n"
 
 
+def _line_of(text: str, position: int) -> int:
+    return text.count("\n", 0, position) + 1
+
+
 def _check_no_old_head_bindings(text: str, *, source: str) -> None:
     """Raises on a binding of decoder_head / pawa_num_layers that `migrate_head_bindings` cannot place."""
     match = _OLD_HEAD_LEFT.search(text)
     if match:
-        line = text.count("\n", 0, match.start()) + 1
-        raise ValueError(f"{source}:{line}: {match.group(1)} is no longer a T5Config setting: the output head is its "
-                         "own configurable, e.g. HEAD = @pawa.PawaHead() with pawa.PawaHead.num_layers = ... (after "
-                         "`from gr_jax.heads import pawa`; gin_configs/decoders/*.gin)")
+        raise ValueError(f"{source}:{_line_of(text, match.start())}: {match.group(1)} is no longer a T5Config "
+                         "setting: the output head is its own configurable, e.g. HEAD = @pawa.PawaHead() with "
+                         "pawa.PawaHead.num_layers = ... (after `from gr_jax.heads import pawa`; "
+                         "gin_configs/decoders/*.gin)")
 
 
 def parse_gin(*, gin_files: Sequence[str], bindings: Sequence[str], search_paths: Sequence[str] = ()) -> None:
@@ -232,13 +233,7 @@ def t5_config(gin_files: Sequence[str], *, bindings: Sequence[str] = (), **overr
     """The `network.T5Config` that `gin_files` (a size gin: dimensions only) and `bindings` describe, with
     `overrides` (e.g. vocab_size, dtype) on top, as the training entry points build it. Tools and benchmarks take
     model sizes from here; the gin config is cleared before and after, so no binding outlives the call."""
-    from gr_jax import network
-    gin.clear_config()
-    try:
-        parse_gin(gin_files=gin_files, bindings=bindings)
-        return gin.get_configurable(network.T5Config)(**overrides)
-    finally:
-        gin.clear_config()
+    return t5_config_and_head(gin_files, bindings=bindings, **overrides)[0]
 
 
 def t5_config_and_head(gin_files: Sequence[str], *, bindings: Sequence[str] = (),
