@@ -101,9 +101,33 @@ class Trainer:
         params = self.model.init(rng, input_length=self.input_length, target_length=self.target_length)["params"]
         return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=self.optimizer.init(params))
 
-    def init_state(self, rng: Array) -> TrainState:
+    def init_state(self, rng: Array, *, given: Optional[Mapping[str, Any]] = None) -> TrainState:
+        """The initial state of `rng`. given: top-level parameter subtrees already made (pretrained weights on this
+        trainer's shardings, shaped as `abstract_state.params[name]`) that replace the initialiser's: their random
+        values are never computed (the compiled initialiser drops them; for a pretrained tower replicated on many
+        devices, that is most of the work), and every other value is the one `init_state(rng)` gives."""
         with self.sharding_context():
-            return self._init(rng)
+            if not given:
+                return self._init(rng)
+            self._check_given(given)
+            return jax.jit(self._init_with, out_shardings=self.state_shardings)(rng, dict(given))
+
+    def _init_with(self, rng: Array, given: dict[str, Any]) -> TrainState:
+        state = partitioning.strip_boxes(self._init_boxed(rng))
+        return state.replace(params={**state.params, **given})
+
+    def _check_given(self, given: Mapping[str, Any]) -> None:
+        abstract = self.abstract_state.params
+        for name, subtree in given.items():
+            if name not in abstract:
+                raise ValueError(f"given parameters {name!r}: the model has no such subtree (it has "
+                                 f"{sorted(abstract)})")
+            want = {partitioning.path_str(p): (a.shape, a.dtype) for p, a in jax.tree.leaves_with_path(abstract[name])}
+            got = {partitioning.path_str(p): (a.shape, a.dtype) for p, a in jax.tree.leaves_with_path(subtree)}
+            if want != got:
+                wrong = min(path for path in want.keys() | got.keys() if want.get(path) != got.get(path))
+                raise ValueError(f"given parameters {name!r} are not shaped as the model's {name!r} (e.g. {wrong}: "
+                                 f"{got.get(wrong, 'absent')} given, {want.get(wrong, 'absent')} expected)")
 
     def param_count(self) -> int:
         return int(sum(np.prod(x.shape) for x in jax.tree.leaves(self.abstract_state.params)))

@@ -571,8 +571,9 @@ def test_t5_tower_loads_only_the_encoder_of_a_hugging_face_checkpoint(tmp_path):
     # initialisers' ops compile one at a time.
     fresh = partitioning.strip_boxes(jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), input_length=8,
                                                                        target_length=8))["params"])
-    shardings = jax.tree.map(lambda _: jax.sharding.SingleDeviceSharding(jax.devices()[0]), fresh)
-    loaded = model.load_tower_params(fresh, shardings=shardings)["tower"]
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    loaded = model.pretrained_tower_params(abstract=jax.tree.map(
+        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), fresh))["tower"]
     full_fresh = partitioning.strip_boxes(jax.eval_shape(lambda: EncoderDecoderModel(config=config).init(
         jax.random.PRNGKey(0), input_length=8, target_length=4))["params"])
     full = pretrained.load_pretrained_params(

@@ -75,6 +75,26 @@ def test_param_partition_specs_on_2x4_mesh(tiny_trainer):
         assert a.sharding == b.sharding
 
 
+def test_given_parameters_replace_the_initialisers_and_leave_the_rest_as_it_gives_them(tiny_trainer):
+    """`init_state(rng, given=...)` (how pretrained towers start) equals the full init with those subtrees swapped,
+    bit for bit and on the same shardings, optimizer state included; a wrong name or shape is refused."""
+    trainer = tiny_trainer
+    abstract = trainer.abstract_state.params["encoder_layers_0"]
+    loaded = jax.tree.map(lambda a: jax.device_put(np.full(a.shape, 0.5, a.dtype), a.sharding), abstract)
+    state = trainer.init_state(jax.random.PRNGKey(0), given={"encoder_layers_0": loaded})
+    full = trainer.init_state(jax.random.PRNGKey(0))
+    expected = full.replace(params={**full.params, "encoder_layers_0": loaded})
+    flat, want = (jax.tree_util.tree_flatten_with_path(tree)[0] for tree in (state, expected))
+    assert [path for path, _ in flat] == [path for path, _ in want]
+    for (path, leaf), (_, other) in zip(flat, want):
+        assert leaf.sharding == other.sharding, path
+        np.testing.assert_array_equal(np.asarray(leaf), np.asarray(other), err_msg=str(path))
+    with pytest.raises(ValueError, match="no such subtree"):
+        trainer.init_state(jax.random.PRNGKey(0), given={"tower": loaded})
+    with pytest.raises(ValueError, match="not shaped as"):
+        trainer.init_state(jax.random.PRNGKey(0), given={"decoder_norm": loaded})
+
+
 def test_train_steps_on_tiny_lower_the_loss(tiny_trainer):
     trainer = tiny_trainer
     state = trainer.init_state(jax.random.PRNGKey(0))

