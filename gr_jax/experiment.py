@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+import pathlib
 from collections.abc import Container, Iterator, Sequence
 from typing import Any, Optional, Protocol
 
@@ -18,7 +19,9 @@ import numpy as np
 
 from gr_jax import losses
 from gr_jax import network
+from gr_jax import optimizers
 from gr_jax import warm_start
+from gr_jax.dense.towers import Tower
 from gr_jax.docids import DocidSpace
 from gr_jax.docids.identifiers import DocumentIdentifiers
 from gr_jax.family import BuiltRun, ModelFamily, TrainingData
@@ -47,8 +50,11 @@ class RunData(TrainingData, Protocol):
     def docid_space(self) -> Optional[DocidSpace]:
         """The run's docids (read once per run), or None when the targets are no docids (doc2query)."""
 
-    def register(self, docid_space: Optional[DocidSpace]) -> list[str]:
-        """Registers the seqio tasks this data trains on (none for host-made batches); returns their names."""
+    def register(self, docid_space: Optional[DocidSpace], *, input_vocabulary_dir: Optional[str] = None
+                 ) -> list[str]:
+        """Registers the seqio tasks this data trains on (none for host-made batches); returns their names.
+        input_vocabulary_dir: a WordPiece folder that tokenises the inputs (a tower encoder's, `Tower.
+        input_vocabulary_dir`), None for the run's SentencePiece vocabulary; data that cannot raises ValueError."""
 
     def train_batches(self, *, docid_space: Optional[DocidSpace], batch_size: int, seed: int, start_batch: int,
                       shard_index: int, num_shards: int) -> Iterator[dict]:
@@ -103,9 +109,13 @@ class DatasetConfig(SeqioExamplesData):
                                       input_length=self.input_length, target_length=self.target_length,
                                       vocabulary_path=self.vocabulary_path)
 
-    def register(self, docid_space: Optional[DocidSpace]) -> list[str]:
+    def register(self, docid_space: Optional[DocidSpace], *, input_vocabulary_dir: Optional[str] = None
+                 ) -> list[str]:
         from gr_jax import tasks
+        if docid_space is None:
+            raise ValueError(f"{self.name}: retrieval data needs its docid space")
         return tasks.register_dataset(name=self.name, data_dir=self.data_dir, docid_space=docid_space,
+                                      input_vocabulary_dir=input_vocabulary_dir,
                                       input_length=self.input_length, target_length=self.target_length,
                                       vocabulary_path=self.vocabulary_path, daq_num_chunks=self.daq_num_chunks,
                                       daq_seed=self.daq_seed, d2q_path=self.d2q_path,
@@ -133,8 +143,12 @@ class Doc2QueryData(SeqioExamplesData):
     def docid_space(self) -> None:
         return None
 
-    def register(self, docid_space: Optional[DocidSpace]) -> list[str]:
+    def register(self, docid_space: Optional[DocidSpace], *, input_vocabulary_dir: Optional[str] = None
+                 ) -> list[str]:
         del docid_space
+        if input_vocabulary_dir is not None:
+            raise ValueError(f"{self.name}: doc2query's inputs are the SentencePiece vocabulary's (its targets are "
+                             f"query text in it), not {input_vocabulary_dir}'s: no tower encoder here")
         from gr_jax.tasks import doc2query
         return [doc2query.register_doc2query(name=self.name, data_dir=self.data_dir, input_length=self.input_length,
                                              target_length=self.target_length, vocabulary_path=self.vocabulary_path)]
@@ -146,12 +160,13 @@ class Doc2QueryData(SeqioExamplesData):
 
 
 def build_model(*, config: network.T5Config, model_vocab_size: int, loss: losses.Loss = losses.TokenCrossEntropy(),
-                docid_token_range: Optional[tuple[int, int]] = None,
-                head: OutputHead = StandardHead()) -> EncoderDecoderModel:
+                docid_token_range: Optional[tuple[int, int]] = None, head: OutputHead = StandardHead(),
+                encoder_tower: Optional[Tower] = None, train_encoder_tower: bool = True) -> EncoderDecoderModel:
     """The model of a run: its `head` given the docid token range [start, stop) (`DocidSpace.docid_token_range`)
     where it needs one and gin left it unset; its input embedding sized to the ids the head embeds out of the run's
     `model_vocab_size` (`OutputHead.embedded_vocab_size`: all of them, or for atomic docids only the text's), rounded
-    up to a multiple of 128, unless gin fixed it, in which case a too-small size is an error."""
+    up to a multiple of 128, unless gin fixed it, in which case a too-small size is an error. encoder_tower: a
+    pretrained tower as the encoder (`EncoderDecoderModel`)."""
     head = head.with_docid_range(docid_token_range)
     embedded = head.embedded_vocab_size(config, model_vocab_size=model_vocab_size)
     if config.vocab_size is None:
@@ -159,7 +174,8 @@ def build_model(*, config: network.T5Config, model_vocab_size: int, loss: losses
     elif config.vocab_size < embedded:
         raise ValueError(f"T5Config.vocab_size={config.vocab_size} is smaller than the {embedded} token ids "
                          f"the vocabulary and docids need (head={head!r})")
-    return EncoderDecoderModel(config=config, loss=loss, head=head)
+    return EncoderDecoderModel(config=config, loss=loss, head=head, encoder_tower=encoder_tower,
+                               train_encoder_tower=train_encoder_tower)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -172,22 +188,42 @@ class Experiment(ModelFamily):
     # A Hugging Face T5.1.1 dir (config.json + safetensors), as the study, or a gr_jax model dir (e.g. continued
     # span-corruption pretraining on the corpus, see gr_jax.warm_start): the run's parameters start from it.
     init_checkpoint: Optional[str] = None
+    # A pretrained tower (gin: ENCODER_TOWER, gin_configs/encoders/minilm.gin) as the encoder instead of T5.1.1's,
+    # its states bridged to the decoder (`gr_jax.tower_encoder`); the inputs are then tokenised as the tower's.
+    # train_encoder_tower=False: the tower stays as loaded (no gradient, its updates zeroed).
+    encoder_tower: Optional[Tower] = None
+    train_encoder_tower: bool = True
+
+    def __post_init__(self):
+        if self.encoder_tower is not None and self.init_checkpoint:
+            raise ValueError(f"init_checkpoint {self.init_checkpoint} and encoder_tower {self.encoder_tower}: a run "
+                             "starts from one or the other (the tower brings its own pretrained encoder)")
 
     def generative_model(self) -> tuple[Any, Optional[DocidSpace], EncoderDecoderModel]:
-        """(vocabulary, docid space, model): reads the vocabulary and docid space, registers the tasks and builds the
-        model for them (no parameter is allocated)."""
+        """(input vocabulary, docid space, model): reads the vocabularies and docid space, registers the tasks and
+        builds the model for them (no parameter is allocated). The input vocabulary is what queries are tokenised
+        with: the run's SentencePiece vocabulary, or the encoder tower's WordPiece vocabulary."""
         vocabulary = load_vocabulary(vocabulary_file(self.dataset))
+        tower = self.encoder_tower.for_data(data_dir=self.dataset.data_dir) if self.encoder_tower else None
+        input_vocabulary_dir = tower.input_vocabulary_dir() if tower is not None else None
         docid_space = self.dataset.docid_space()
-        self.dataset.register(docid_space)
-        model = build_model(config=self.network_config, loss=self.loss, head=self.head,
+        self.dataset.register(docid_space, input_vocabulary_dir=input_vocabulary_dir)
+        model = build_model(config=self.network_config, loss=self.loss, head=self.head, encoder_tower=tower,
+                            train_encoder_tower=self.train_encoder_tower,
                             model_vocab_size=docid_space.model_vocab_size if docid_space else vocabulary.vocab_size,
                             docid_token_range=docid_space.docid_token_range if docid_space else None)
+        if input_vocabulary_dir is not None:
+            from gr_jax.data.wordpiece import WordPieceVocabulary  # seqio: only for runs with a WordPiece tower
+            return WordPieceVocabulary(input_vocabulary_dir), docid_space, model
         return vocabulary, docid_space, model
 
     def build(self, *, keep_checkpoints: int = 3) -> Built:
         """The model (`generative_model`), its mesh and trainer (no parameter is allocated)."""
         vocabulary, docid_space, model = self.generative_model()
-        mesh, trainer, checkpointer = self.training_parts(model, keep_checkpoints=keep_checkpoints)
+        frozen = model.encoder_tower is not None and not model.train_encoder_tower
+        mesh, trainer, checkpointer = self.training_parts(
+            model, keep_checkpoints=keep_checkpoints,
+            optimizer_factory=optimizers.frozen(self.optimizer_factory, "tower/.*") if frozen else None)
         return Built(experiment=self, vocabulary=vocabulary, docid_space=docid_space, model=model, mesh=mesh,
                      trainer=trainer, checkpointer=checkpointer)
 
@@ -201,12 +237,16 @@ class Built(BuiltRun):
     docid_space: Optional[DocidSpace]
 
     def input_fingerprint(self) -> dict[str, str]:
-        """sha256 of the vocabulary file and of the docid table's token ids [docids, length] (computed once: every
-        checkpoint saves it)."""
+        """sha256 of the vocabulary file, of the inputs' WordPiece vocab.txt where a tower encodes them, and of the
+        docid table's token ids [docids, length] (computed once: every checkpoint saves it)."""
         fingerprint = self.__dict__.get("_input_fingerprint")
         if fingerprint is None:
             vocabulary = vocabulary_file(self.experiment.dataset).read_bytes()
             fingerprint = {"vocabulary": hashlib.sha256(vocabulary).hexdigest()}
+            tower = self.model.encoder_tower
+            if tower is not None and (inputs := tower.input_vocabulary_dir()) is not None:
+                wordpiece = (pathlib.Path(inputs) / "vocab.txt").read_bytes()
+                fingerprint["input vocabulary"] = hashlib.sha256(wordpiece).hexdigest()
             if self.docid_space is not None:
                 tokens = np.ascontiguousarray(self.docid_space.table.tokens, np.int64)
                 fingerprint["docid table"] = hashlib.sha256(repr(tokens.shape).encode() + tokens.tobytes()).hexdigest()
@@ -217,7 +257,10 @@ class Built(BuiltRun):
         """A fresh train state, its parameters from `init_checkpoint` when set (a gr_jax run dir: warm start; else a
         Hugging Face T5.1.1 dir)."""
         experiment, trainer = self.experiment, self.trainer
-        state = trainer.init_state(jax.random.PRNGKey(experiment.seed))
+        tower, given = self.model.encoder_tower, {}
+        if tower is not None and (loaded := tower.load_params(abstract=trainer.abstract_state.params["tower"])):
+            given["tower"] = loaded
+        state = trainer.init_state(jax.random.PRNGKey(experiment.seed), given=given)
         if experiment.init_checkpoint and RunDir.of(experiment.init_checkpoint).is_run():
             state = warm_start.initialize_from_run(state=state, trainer=trainer, model_dir=experiment.init_checkpoint)
             logger.info("initialised from the run %s", experiment.init_checkpoint)

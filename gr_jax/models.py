@@ -22,8 +22,10 @@ from gr_jax import decoding
 from gr_jax import losses
 from gr_jax import network
 from gr_jax.data.features import SOFT_TARGET_MASS, SOFT_TARGET_TOKENS
+from gr_jax.dense.towers import Tower
 from gr_jax.docids.trie import Trie
 from gr_jax.heads import OutputHead, StandardHead
+from gr_jax.tower_encoder import TowerEncoderTransformer
 
 Array = jax.Array
 Batch = Mapping[str, Array]
@@ -31,17 +33,22 @@ Batch = Mapping[str, Array]
 @dataclasses.dataclass(frozen=True)
 class EncoderDecoderModel:
     """T5 for generative retrieval: `config` fixes the network, `head` its output head (T5.1.1's projection over the
-    vocabulary by default), `loss` the training objective."""
+    vocabulary by default), `loss` the training objective. encoder_tower: a pretrained tower (all-MiniLM-L6-v2)
+    as the encoder instead of T5's, bridged to the decoder (`gr_jax.tower_encoder`); its inputs are then the tower's
+    tokens. train_encoder_tower=False: no gradient through it."""
     config: network.T5Config
     loss: losses.Loss = losses.TokenCrossEntropy()
     head: OutputHead = StandardHead()
+    encoder_tower: Optional[Tower] = None
+    train_encoder_tower: bool = True
 
     def __post_init__(self):
         self.head.check(self.config)
 
     @property
-    def module(self) -> network.Transformer:
-        return network.Transformer(self.config, head=self.head)
+    def module(self) -> TowerEncoderTransformer:
+        return TowerEncoderTransformer(self.config, head=self.head, encoder_tower=self.encoder_tower,
+                                       train_tower=self.train_encoder_tower)
 
     @property
     def logits_vocab_size(self) -> int:

@@ -341,6 +341,15 @@ def scale_by_param_rms(min_scale: float = 1e-3) -> optax.GradientTransformation:
     return optax.GradientTransformation(optax.init_empty_state, update)
 
 
+def frozen(factory: Callable[..., optax.GradientTransformation], pattern: str
+           ) -> Callable[..., optax.GradientTransformation]:
+    """`factory` (an optimizer factory, `make_optimizer`'s arguments) whose optimizers zero the updates of the
+    parameters whose path `pattern` fully matches (`scale_by_path`): no update, nor weight decay, reaches them."""
+    def make(**kwargs) -> optax.GradientTransformation:
+        return optax.chain(factory(**kwargs), scale_by_path({pattern: 0.0}))
+    return make
+
+
 def scale_by_path(scales: Mapping[str, float]) -> optax.GradientTransformation:
     """Multiplies each update by the factor of the first regex of `scales` that fully matches its '/'-joined
     parameter path (1 where none does). A pattern that matches no parameter is an error (a typo would otherwise

@@ -178,8 +178,9 @@ def load_vocabulary(path: PathLike) -> "seqio.SentencePieceVocabulary | HostSent
 
 
 def encode_inputs(texts: Sequence[str], *, vocabulary: Any, input_length: int) -> np.ndarray:
-    """int32[len(texts), input_length]: each text's tokens trimmed to input_length - 1, EOS appended, PAD after,
-    exactly as the seqio tasks make `inputs` (queries at retrieval time, documents for doc2query sampling)."""
+    """int32[len(texts), input_length]: each text's tokens trimmed to input_length - 1, the vocabulary's EOS
+    appended, PAD after, exactly as the seqio tasks make `inputs` (queries at retrieval time, documents for
+    doc2query sampling)."""
     return encode_and_count_cut(texts, vocabulary=vocabulary, input_length=input_length)[0]
 
 
@@ -190,6 +191,6 @@ def encode_and_count_cut(texts: Sequence[str], *, vocabulary: Any, input_length:
     for i, text in enumerate(texts):
         pieces = list(vocabulary.encode(text))
         cut += len(pieces) > input_length - 1
-        ids = pieces[:input_length - 1] + [EOS_ID]
+        ids = pieces[:input_length - 1] + [vocabulary.eos_id]
         out[i, :len(ids)] = ids
     return out, cut

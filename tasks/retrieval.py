@@ -56,6 +56,7 @@ import tensorflow as tf
 from gr_jax.data import d2q, preprocessors
 from gr_jax.data.readers import RetrievalDataset, open_dataset
 from gr_jax.docids import DocidSpace, DocidTable
+from gr_jax.data.wordpiece import WordPieceVocabulary
 from gr_jax.vocabulary import MODEL_FILENAME, load_vocabulary
 from gr_jax.tasks import sources
 from gr_jax.tasks.options import RepresentationOptions
@@ -209,6 +210,7 @@ class _Registration:
     mixing_rates: tuple[tuple[str, float], ...] | None
     shuffle_buffer_size: int
     cache_in_memory: bool
+    input_vocabulary_dir: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,6 +257,7 @@ def register_dataset(
         d2q_selection: str = "first",
         d2q_seed: int = 0,
         rows: Sequence[str] | None = None,
+        input_vocabulary_dir: str | os.PathLike | None = None,
 ) -> list[str]:
     """Registers the Tasks and Mixtures of one data dir (see the module docstring); returns their names.
 
@@ -280,6 +283,9 @@ def register_dataset(
     rows: the mixture rows a run trains on (row names, table ids or 'span_corruption'): only they and the tasks
       they mix are registered, and a row that cannot be registered is an error. None registers every
       representation and every row whose representations have data, and skips the others with a warning.
+    input_vocabulary_dir: a WordPiece tokenizer folder (`gr_jax.data.wordpiece`, e.g. all-MiniLM-L6-v2's) that
+      tokenises the inputs instead of the SentencePiece vocabulary, for a pretrained tower encoder; the targets
+      stay the docid table's. Span corruption (its targets are input tokens) cannot be registered with it.
 
     Registering the same name and scheme again with the same arguments re-registers (picking up changed
     files); different arguments under the same name and scheme raise ValueError. Mixture rows whose
@@ -299,6 +305,12 @@ def register_dataset(
         raise FileNotFoundError(f"d2q_path {d2q_path} does not exist (leave it unset to use {{data_dir}}/"
                                 f"{d2q.DEFAULT_FILENAME} when present)")
     vocabulary = load_vocabulary(vocabulary_path)
+    input_vocabulary = None
+    if input_vocabulary_dir is not None:
+        input_vocabulary = WordPieceVocabulary(input_vocabulary_dir)
+        if wanted is not None and PRETRAINING_ROW in wanted:
+            raise ValueError(f"{name}: the {PRETRAINING_ROW!r} row's targets are spans of the inputs, which "
+                             f"{input_vocabulary} tokenises, not the decoder's vocabulary {vocabulary_path}")
     options = RepresentationOptions(
         input_length=input_length, daq_num_chunks=daq_num_chunks, daq_seed=daq_seed,
         d2q_path=str(pathlib.Path(d2q_path or d2q.default_path(data_dir)).resolve()),
@@ -307,7 +319,8 @@ def register_dataset(
     registration = _Registration(
         data_dir=str(data_dir), vocabulary_path=str(vocabulary_path), target_length=target_length, options=options,
         shuffle_buffer_size=shuffle_buffer_size, cache_in_memory=bool(cache_in_memory),
-        mixing_rates=None if mixing_rates is None else tuple(sorted((k, float(v)) for k, v in mixing_rates.items())))
+        mixing_rates=None if mixing_rates is None else tuple(sorted((k, float(v)) for k, v in mixing_rates.items())),
+        input_vocabulary_dir=None if input_vocabulary is None else str(input_vocabulary.model_dir))
     if docid_space.text_vocab_size != vocabulary.vocab_size:
         raise ValueError(f"the docid space was built over a vocabulary of {docid_space.text_vocab_size} pieces, but "
                          f"{vocabulary_path} has {vocabulary.vocab_size}")
@@ -328,12 +341,15 @@ def register_dataset(
     table = docid_space.table
     table.check_fits(target_length)
 
+    needed = _representations_of(wanted)
+    if input_vocabulary is not None and needed is None:  # span corruption's targets would be WordPiece ids
+        needed = frozenset(REPRESENTATIONS) - {PRETRAINING_ROW}
     names: list[str] = []  # Filled as providers are added, so a failure part-way removes them again.
     try:
         train_counts = _register_tasks(
             name=name, docid_scheme=docid_scheme, dataset=dataset, table=table, vocabulary=vocabulary,
-            options=options, target_length=target_length, shuffle_buffer_size=shuffle_buffer_size,
-            cache_in_memory=cache_in_memory, needed=_representations_of(wanted), added=names)
+            input_vocabulary=input_vocabulary or vocabulary, options=options, target_length=target_length,
+            shuffle_buffer_size=shuffle_buffer_size, cache_in_memory=cache_in_memory, needed=needed, added=names)
         _register_mixtures(name=name, docid_scheme=docid_scheme, train_counts=train_counts,
                            mixing_rates=mixing_rates, rows=wanted, added=names)
     except BaseException:
@@ -365,6 +381,7 @@ def _register_tasks(
         dataset: RetrievalDataset,
         table: DocidTable,
         vocabulary: seqio.SentencePieceVocabulary,
+        input_vocabulary: seqio.Vocabulary,
         options: RepresentationOptions,
         target_length: int,
         shuffle_buffer_size: int,
@@ -378,7 +395,7 @@ def _register_tasks(
     built = {kind: SOURCES[kind](dataset=dataset, table=table, options=options)
              for kind in dict.fromkeys(r.source for r in representations)}
     output_features = {
-        "inputs": seqio.Feature(vocabulary=vocabulary, add_eos=True),
+        "inputs": seqio.Feature(vocabulary=input_vocabulary, add_eos=True),
         # Pre-tokenized docid rows already end in EOS.
         "targets": seqio.Feature(vocabulary=vocabulary, add_eos=False),
     }

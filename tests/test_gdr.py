@@ -270,7 +270,7 @@ def test_minilm_query_tower_of_the_document_width_is_the_dense_query_encoder():
     from gr_jax.dense.towers import MiniLMTower
     from gr_jax.encoders.minilm import load_minilm
     tower = MiniLMTower()
-    model = GdrModel(config=MICRO, query_tower=tower, document_dim=384)
+    model = GdrModel(config=MICRO, encoder_tower=tower, document_dim=384)
     params = nn.unbox(jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), input_length=16,
                                                         target_length=3))["params"])
     assert "query_projection" not in params and params["bridge"]["kernel"].shape == (384, 32)

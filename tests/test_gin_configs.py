@@ -102,6 +102,21 @@ def test_dense_gins_bind_a_dense_experiment_through_the_experiment_macro(gin_fil
     assert isinstance(gin.query_parameter("training.train.experiment").scoped_configurable_fn(), DenseExperiment)
 
 
+@pytest.mark.parametrize("extra", [[], ["decoders/pawa.gin"]])
+def test_the_minilm_encoder_gin_gives_a_generative_experiment_minilm_as_its_encoder(extra):
+    """encoders/minilm.gin after any generative gin: the same experiment (its head, scheme, decoder) with MiniLM as
+    its encoder, trained at 0.02 times the decoder's rate."""
+    gin_utils.parse_gin(gin_files=["runs/train.gin", "models/t5_1_1/tiny.gin", *extra, "encoders/minilm.gin"],
+                        bindings=["MODEL_DIR = '/tmp/unused'", "DATA_DIR = '/tmp/data'", "DATASET_NAME = 'd'",
+                                  "TRAIN_STEPS = 5", "DOCID_SCHEME = 'semantic'"])
+    experiment = gin.query_parameter("%EXPERIMENT").scoped_configurable_fn()
+    assert isinstance(experiment, experiment_lib.Experiment) and experiment.dataset.docid_scheme == "semantic"
+    assert type(experiment.encoder_tower).__name__ == "MiniLMTower" and experiment.train_encoder_tower
+    assert experiment.head == (PawaHead() if extra else StandardHead())
+    assert list(gin.query_parameter("optimizers.make_optimizer.learning_rate_scales")) == ["tower/.*"]
+    assert gin.query_parameter("%TOWER_LEARNING_RATE_SCALE") == 0.02
+
+
 @pytest.mark.parametrize("gin_files, check", [
     (["gdr/train.gin", "models/t5_1_1/tiny.gin"], lambda e: e.query_tower is None
      and e.network_config.emb_dim == 256 and e.head == StandardHead()

@@ -84,8 +84,11 @@ class HostExamplesData:
     def mixture_name(self) -> str:
         raise NotImplementedError
 
-    def register(self, docid_space: Any) -> list[str]:
+    def register(self, docid_space: Any, *, input_vocabulary_dir: Optional[str] = None) -> list[str]:
         del docid_space
+        if input_vocabulary_dir is not None:
+            raise ValueError(f"{self.mixture_name}: host-made examples are tokenised with the run's SentencePiece "
+                             f"vocabulary, not {input_vocabulary_dir}'s: no tower encoder here")
         return []
 
     def train_batches(self, *, docid_space: Any, batch_size: int, seed: int, start_batch: int, shard_index: int,

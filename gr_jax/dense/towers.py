@@ -48,6 +48,10 @@ class Tower(Protocol):
 
     def tokenizer(self, *, data_dir: str) -> Tokenizer: ...
 
+    def input_vocabulary_dir(self) -> Optional[str]:
+        """The WordPiece folder the tower's inputs are tokenised with (`gr_jax.data.wordpiece`: what a generative
+        run's seqio tasks need when the tower is its encoder), None where they are the run's SentencePiece pieces."""
+
     def load_params(self, *, abstract: Any) -> Optional[Any]:
         """The pretrained weights, shaped and placed as `abstract` (the tree of `jax.ShapeDtypeStruct`s with
         shardings that the trainer's `abstract_state` holds); None when the tower starts from its initialiser."""
@@ -140,6 +144,9 @@ class MiniLMTower:
         del data_dir  # MiniLM brings its own WordPiece vocabulary
         return WordPieceTokenizer(self._dir.resolve())
 
+    def input_vocabulary_dir(self) -> Optional[str]:
+        return str(self._dir.resolve())
+
     def load_params(self, *, abstract: Any) -> Optional[Any]:
         if not self.pretrained:
             return None
@@ -212,6 +219,9 @@ class T5EncoderTower:
 
     def tokenizer(self, *, data_dir: str) -> Tokenizer:
         return SentencePieceTokenizer(self._vocabulary(data_dir))
+
+    def input_vocabulary_dir(self) -> Optional[str]:
+        return None
 
     def load_params(self, *, abstract: Any) -> Optional[Any]:
         if self.init_checkpoint is None:

@@ -14,12 +14,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-from collections.abc import Callable, Container, Sequence
+from collections.abc import Container, Sequence
 from typing import Any, Optional
 
 import jax
 import numpy as np
-import optax
 from flax import traverse_util
 
 from gr_jax import checkpoints
@@ -88,22 +87,16 @@ class GdrExperiment(ModelFamily):
         decoder = build_model(config=self.network_config, model_vocab_size=space.model_vocab_size,
                               docid_token_range=space.docid_token_range, head=self.head)
         tower = self.query_tower.for_data(data_dir=dataset.data_dir) if self.query_tower is not None else None
-        model = GdrModel(config=decoder.config, head=decoder.head, query_tower=tower, document_dim=index.dim,
-                         temperature=self.temperature, gdr_loss=self.loss, train_query_tower=self.train_query_tower)
+        model = GdrModel(config=decoder.config, head=decoder.head, encoder_tower=tower, document_dim=index.dim,
+                         temperature=self.temperature, gdr_loss=self.loss, train_encoder_tower=self.train_query_tower)
         frozen = tower is not None and not self.train_query_tower  # no update (nor weight decay) reaches the tower
         mesh, trainer, checkpointer = self.training_parts(
             model, keep_checkpoints=keep_checkpoints,
-            optimizer_factory=_frozen_tower(self.optimizer_factory) if frozen else None)
+            optimizer_factory=optimizers.frozen(self.optimizer_factory, "tower/.*") if frozen else None)
         tokenizer = tower.tokenizer(data_dir=dataset.data_dir) if tower is not None else SentencePieceTokenizer(
             vocabulary)
         return GdrBuilt(experiment=self, model=model, mesh=mesh, trainer=trainer, checkpointer=checkpointer,
                         vocabulary=vocabulary, cluster_space=space, index=index, tokenizer=tokenizer)
-
-
-def _frozen_tower(factory: Callable[..., optax.GradientTransformation]) -> Callable[..., optax.GradientTransformation]:
-    def frozen(**kwargs) -> optax.GradientTransformation:
-        return optax.chain(factory(**kwargs), optimizers.scale_by_path({"tower/.*": 0.0}))
-    return frozen
 
 
 def check_document_encoder(model_dir: str, index: ClusteredIndex) -> None:
@@ -155,7 +148,7 @@ class GdrBuilt(SampledBatchesRun):
         """A fresh train state: the query tower's weights loaded (see `GdrExperiment`), and the document encoder's
         fingerprint recorded in the model dir."""
         experiment = self.experiment
-        tower, given = self.model.query_tower, {}
+        tower, given = self.model.encoder_tower, {}
         if tower is not None:
             abstract = self.trainer.abstract_state.params["tower"]
             if experiment.query_tower_from_document_encoder:

@@ -25,48 +25,27 @@ import jax.numpy as jnp
 from gr_jax import decoding
 from gr_jax import losses
 from gr_jax import network
-from gr_jax.dense.towers import Tower
 from gr_jax.docids.trie import Trie
 from gr_jax.encoders.minilm import l2_normalize, mean_pool
 from gr_jax.gdr.losses import GdrLoss
 from gr_jax.models import EncoderDecoderModel
+from gr_jax.tower_encoder import TowerEncoderTransformer
 
 Array = jax.Array
 Batch = Mapping[str, Array]
 
 
-class GdrNetwork(network.Transformer):
-    """T5.1.1 with an optional tower as its encoder, and the query vector r_q (see the module docstring).
-    train_query_tower=False stops gradients at the tower's states: no backward pass through it."""
-    query_tower: Optional[Tower] = None
+class GdrNetwork(TowerEncoderTransformer):
+    """T5.1.1 with an optional tower as its encoder (`TowerEncoderTransformer`), and the query vector r_q (see the
+    module docstring)."""
     document_dim: int = 0
-    train_query_tower: bool = True
 
     def setup(self):
         super().setup()
-        width = self.config.emb_dim
-        if self.query_tower is not None:
-            self.tower = self.query_tower.module()
-            self.bridge = nn.Dense(self.config.emb_dim, dtype=self.config.dtype, name="bridge")
-            width = self.query_tower.hidden_size
         if self.document_dim < 1:
             raise ValueError(f"document_dim must be >= 1, got {self.document_dim}")
-        needs_projection = self.query_tower is None or width != self.document_dim
+        needs_projection = self.encoder_tower is None or self.encoder_width != self.document_dim
         self.query_projection = nn.Dense(self.document_dim, name="query_projection") if needs_projection else None
-
-    def query_states(self, encoder_input_tokens: Array, *, enable_dropout: bool = False) -> Array:
-        """int32[B, L] -> the query encoder's states [B, L, width] (the T5 encoder's or the tower's)."""
-        if self.query_tower is None:
-            return super().encode(encoder_input_tokens, enable_dropout=enable_dropout)
-        states = self.tower.token_states(encoder_input_tokens, encoder_input_tokens > 0, not enable_dropout)
-        return states if self.train_query_tower else jax.lax.stop_gradient(states)
-
-    def _bridged(self, states: Array) -> Array:
-        return states if self.query_tower is None else self.bridge(states.astype(jnp.float32))
-
-    def encode(self, encoder_input_tokens: Array, *, enable_dropout: bool = False) -> Array:
-        """What the decoder cross-attends to: [B, L, emb_dim] (the parent's prefill and decoding use it)."""
-        return self._bridged(self.query_states(encoder_input_tokens, enable_dropout=enable_dropout))
 
     def query_vector(self, states: Array, encoder_input_tokens: Array) -> Array:
         """r_q float32[B, document_dim], unit length, from the encoder's states [B, L, width]."""
@@ -76,20 +55,20 @@ class GdrNetwork(network.Transformer):
         return l2_normalize(pooled)
 
     def query_vectors(self, encoder_input_tokens: Array) -> Array:
-        return self.query_vector(self.query_states(encoder_input_tokens), encoder_input_tokens)
+        return self.query_vector(self.encoder_states(encoder_input_tokens), encoder_input_tokens)
 
     def recall_context(self, encoder_input_tokens: Array, *, max_decode_len: int
                        ) -> tuple[network.DecodeContext, Array]:
         """One encoding for both stages at inference: (the decoder's prefill, r_q float32[B, document_dim])."""
-        states = self.query_states(encoder_input_tokens)
-        context = self.prefill_encoded(self._bridged(states), encoder_input_tokens > 0, max_decode_len=max_decode_len)
+        states = self.encoder_states(encoder_input_tokens)
+        context = self.prefill_encoded(self.bridged(states), encoder_input_tokens > 0, max_decode_len=max_decode_len)
         return context, self.query_vector(states, encoder_input_tokens)
 
     def train_outputs(self, encoder_input_tokens: Array, decoder_input_tokens: Array, *,
                       enable_dropout: bool = False) -> tuple[Array, Array, Array]:
         """One pass of both stages over one encoding: (logits, decoder states, r_q)."""
-        states = self.query_states(encoder_input_tokens, enable_dropout=enable_dropout)
-        logits, decoder_states = self.decode(self._bridged(states), encoder_input_tokens, decoder_input_tokens,
+        states = self.encoder_states(encoder_input_tokens, enable_dropout=enable_dropout)
+        logits, decoder_states = self.decode(self.bridged(states), encoder_input_tokens, decoder_input_tokens,
                                              enable_dropout=enable_dropout, return_states=True)
         return logits, decoder_states, self.query_vector(states, encoder_input_tokens)
 
@@ -97,18 +76,15 @@ class GdrNetwork(network.Transformer):
 @dataclasses.dataclass(frozen=True)
 class GdrModel(EncoderDecoderModel):
     """The GDR network and its loss, as the trainer and the GDR retriever see it. `config` is the T5.1.1 of the
-    cluster decoder (and of the query encoder when `query_tower` is None); `head` (standard or PAWA) decodes the
+    cluster decoder (and of the query encoder when `encoder_tower` is None); `head` (standard or PAWA) decodes the
     cluster ids. temperature: tau of S_intra, in training and in the retriever's combined score.
 
     Batches: encoder_input_tokens int32[B, input_length]; decoder_input/target_tokens, decoder_loss_weights
     [B, target_length] (the positive's cluster id); positive_row int32[B], positive_vector float32[B, dim];
     negative_rows int32[B, M] (-1: empty), negative_vectors float32[B, M, dim] (`gr_jax.gdr.data`).
-    train_query_tower: False keeps the tower as loaded (no gradient through it; the experiment also zeroes its
-    optimizer updates).
+    The query encoder is `encoder_tower` when set (`EncoderDecoderModel`'s, with `train_encoder_tower`).
     """
-    query_tower: Optional[Tower] = None
     document_dim: int = 384
-    train_query_tower: bool = True
     temperature: float = 0.05
     gdr_loss: GdrLoss = GdrLoss()
 
@@ -124,8 +100,8 @@ class GdrModel(EncoderDecoderModel):
 
     @property
     def module(self) -> GdrNetwork:
-        return GdrNetwork(self.config, head=self.head, query_tower=self.query_tower, document_dim=self.document_dim,
-                          train_query_tower=self.train_query_tower)
+        return GdrNetwork(self.config, head=self.head, encoder_tower=self.encoder_tower,
+                          train_tower=self.train_encoder_tower, document_dim=self.document_dim)
 
     def init(self, rng: Array, *, input_length: int, target_length: int, batch_size: int = 1) -> Mapping[str, Any]:
         enc = jnp.ones((batch_size, input_length), jnp.int32)
