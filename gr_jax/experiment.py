@@ -254,8 +254,8 @@ class Built(BuiltRun):
         return dict(fingerprint)
 
     def init_state(self) -> TrainState:
-        """A fresh train state, its parameters from `init_checkpoint` when set (a gr_jax run dir: warm start; else a
-        Hugging Face T5.1.1 dir)."""
+        """A fresh train state: the encoder tower's pretrained weights where it has one; its parameters from
+        `init_checkpoint` when set (a gr_jax run dir: warm start; else a Hugging Face T5.1.1 dir)."""
         experiment, trainer = self.experiment, self.trainer
         tower, given = self.model.encoder_tower, {}
         if tower is not None and (loaded := tower.load_params(abstract=trainer.abstract_state.params["tower"])):

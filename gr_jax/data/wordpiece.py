@@ -7,7 +7,7 @@ feature after trimming (`add_eos=True`), as `gr_jax.vocabulary.encode_inputs` do
 (`gr_jax.dense.towers.WordPieceTokenizer`, the tower's own tokenizer). Host encoding is the `tokenizers` library's
 (the folder's tokenizer.json: sentence-transformers' tokenisation exactly); TensorFlow encoding (inside seqio tasks)
 is tensorflow-text's BertTokenizer over the same vocab.txt, lower-cased with accents stripped, the same pieces on
-every text the tests compare (tests/test_wordpiece.py).
+every text the tests compare (tests/test_tower_encoder.py).
 """
 from __future__ import annotations
 
