@@ -27,6 +27,7 @@ QUERIES = [("q0", "apple pie"), ("q1", "rye bread"), ("q2", "green tea"), ("q3",
 
 class CharVocabulary:
     """Stand-in for a SentencePiece vocabulary: one token per character, ids 3..VOCAB-1."""
+    eos_id = 1  # T5's, as `gr_jax.vocabulary.encode_inputs` appends it
 
     def encode(self, text: str) -> list[int]:
         return [3 + ord(c) % (VOCAB - 3) for c in text]

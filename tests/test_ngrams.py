@@ -17,6 +17,7 @@ DOCS = {"d0": "the cat sat on the mat", "d1": "a dog sat on the mat", "d2": "the
 
 class WordVocabulary:
     """One id per word (from 3): what the span index needs of a SentencePiece vocabulary."""
+    eos_id = 1  # T5's, as `gr_jax.vocabulary.encode_inputs` appends it
 
     def __init__(self):
         self.ids = {}

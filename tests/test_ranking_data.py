@@ -30,6 +30,7 @@ WORDS = ["cat", "dog", "cats", "deer", "fish", "fox"]
 
 class LetterVocabulary:
     """One id per letter: what `ranked_list_examples` needs of a SentencePiece vocabulary."""
+    eos_id = 1  # T5's, as `gr_jax.vocabulary.encode_inputs` appends it
 
     def encode(self, text):
         return [LETTERS[ch] for ch in text]
