@@ -2,9 +2,9 @@
 inputs tokenised as the tower was trained, in the seqio tasks and at retrieval alike; the tower's states as
 all-MiniLM-L6-v2's; without a tower, T5.1.1 exactly; and a micro run with any docid scheme through the entry points."""
 import json
-import pathlib
 
 import flax.linen as nn
+from flax import traverse_util
 import gin
 import jax
 import jax.numpy as jnp
@@ -96,64 +96,78 @@ def test_the_encoder_is_minilm_and_the_decoder_reads_it_through_the_bridge():
     np.testing.assert_allclose(vectors, load_minilm()(texts), atol=2e-5)
 
 
-@pytest.fixture
-def one_layer_minilm(tmp_path) -> pathlib.Path:
-    """all-MiniLM-L6-v2's folder with one of its six layers (config.json edited, the other files linked): a micro
-    tower for runs whose cost, not whose weights, matters."""
-    from gr_jax.encoders.minilm import default_model_dir
-    folder = tmp_path / "minilm_1"
-    folder.mkdir()
-    for item in default_model_dir().iterdir():
-        if item.name != "config.json":
-            (folder / item.name).symlink_to(item)
-    config = json.loads((default_model_dir() / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 1}))
-    return folder
-
-
-def test_a_minilm_encoder_run_trains_and_evaluates_through_the_entry_points(spm_data_dir, tmp_path,
-                                                                          one_layer_minilm):
-    """encoders/minilm.gin on a PAWA-decoder run: the seqio tasks' inputs are the retriever's tokens for the same
-    queries, the tower trains at its scaled rate, and the run evaluates from its config.gin."""
-    from gr_jax import gin_utils
-    from gr_jax import train as train_main
+def test_the_tasks_inputs_are_the_retrievers_tokens_of_the_same_queries(spm_data_dir):
+    """Registered with the tower's vocabulary, the seqio tasks' inputs are what the retriever makes of the same texts
+    (`encode_inputs`): training and retrieval see one tokenisation. Span corruption (its targets would be WordPiece
+    ids) is refused."""
+    from gr_jax import tasks
     from gr_jax.data import pipeline
     from gr_jax.data.readers import open_dataset
+    vocabulary = WordPieceVocabulary(MiniLMTower().input_vocabulary_dir())
+    space = tasks.load_docid_space(data_dir=spm_data_dir, input_length=16, target_length=12)
+    with pytest.raises(ValueError, match="span_corruption.*spans of the inputs"):
+        tasks.register_dataset(name="tower_inputs", data_dir=spm_data_dir, docid_space=space, input_length=16,
+                               target_length=12, rows=["span_corruption"],
+                               input_vocabulary_dir=str(vocabulary.model_dir))
+    names = tasks.register_dataset(name="tower_inputs", data_dir=spm_data_dir, docid_space=space, input_length=16,
+                                   target_length=12, rows=["firstp_labeled"],
+                                   input_vocabulary_dir=str(vocabulary.model_dir))
+    try:
+        rows = set()
+        for batch in pipeline.eval_batches(mixture_or_task_name=tasks.mixture_name(
+                name="tower_inputs", row="firstp_labeled", docid_scheme="naive"), split="validation", batch_size=8,
+                input_length=16, target_length=12):
+            rows |= {tuple(row) for row in batch["encoder_input_tokens"][batch[pipeline.EXAMPLE_MASK]]}
+    finally:
+        tasks.unregister_dataset(name="tower_inputs")
+    assert names
+    queries = [text for _, text in open_dataset(spm_data_dir).queries("dev")]
+    expected = {tuple(row) for row in encode_inputs(queries, vocabulary=vocabulary, input_length=16)}
+    # Every validation input is the retriever's tokens of a dev query ([CLS] first); the task has 3 of the 4 (query
+    # 14's one judged document is outside the collection, tests/fixtures/tasks/judgements.dev.tsv).
+    assert rows <= expected and len(rows) == 3 and all(row[0] == 101 for row in rows)
+
+
+def test_a_minilm_encoder_run_trains_and_evaluates_through_the_entry_point(spm_data_dir, tmp_path):
+    """encoders/minilm.gin on a PAWA-decoder run has a pulse: one step with the pretrained tower frozen (its
+    cheapest setting: no backward pass through it), the final evaluation, a checkpoint holding the tower as loaded,
+    the bridge, and no T5 encoder."""
+    from gr_jax import checkpoints
+    from gr_jax import train as train_main
+    from gr_jax.run_dir import RunDir
     model_dir = tmp_path / "run"
     gin.clear_config()
     try:
         train_main.main(["--gin_file=runs/train.gin", "--gin_file=models/t5_1_1/tiny.gin",
-                         "--gin_file=encoders/minilm.gin", "--gin.TRAIN_STEPS=2",
+                         "--gin_file=encoders/minilm.gin", "--gin.TRAIN_STEPS=1",
                          "--gin.network.T5Config.num_decoder_layers=1", f"--gin.DATA_DIR='{spm_data_dir}'",
                          f"--gin.MODEL_DIR='{model_dir}'", "--gin.DATASET_NAME='tower_encoder'",
                          "--gin_file=decoders/pawa.gin", "--gin.DOCID_SCHEME='naive'", "--gin.INPUT_LENGTH=16",
-                         "--gin.TARGET_LENGTH=12",
-                         "--gin.BATCH_SIZE=8", "--gin.training.EvalConfig.num_beams=4",
+                         "--gin.TARGET_LENGTH=12", "--gin.BATCH_SIZE=8", "--gin.training.EvalConfig.num_beams=4",
                          "--gin.training.EvalConfig.batch_size=8", "--gin.WARMUP_STEPS=0",
-                         f"--gin.towers.MiniLMTower.model_dir='{one_layer_minilm}'",
-                         "--gin.towers.MiniLMTower.pretrained=False"])
+                         "--gin.TRAIN_ENCODER_TOWER=False"])
     finally:
         gin.clear_config()
     metrics = json.loads((model_dir / "final_metrics.json").read_text())
     assert metrics["eval/num_queries"] == 4 and 0.0 <= metrics["eval/MRR@10"] <= 1.0 and metrics["train/loss"] > 0
+    assert "ENCODER_TOWER = @towers.MiniLMTower()" in (model_dir / "config.gin").read_text()
+    checkpointer = checkpoints.Checkpointer(RunDir.of(model_dir).checkpoints, max_to_keep=None)
     try:
-        gin_utils.parse_run_config(model_dir, missing="train first")
-        experiment = gin.query_parameter("%EXPERIMENT").scoped_configurable_fn()
+        saved = checkpointer.saved_params(1)
+        device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        abstract = {name: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=device)
+                    for name, leaf in saved.items() if name.startswith("tower/")}
+        restored = checkpointer.restore_params(1, abstract_params=traverse_util.unflatten_dict(abstract, sep="/"))
     finally:
-        gin.clear_config()
-    built = experiment.build()
-    assert isinstance(built.vocabulary, WordPieceVocabulary)
-    rows = set()
-    for batch in pipeline.eval_batches(mixture_or_task_name=built.experiment.dataset.mixture_name, split="validation",
-                                       batch_size=8, input_length=16, target_length=12):
-        rows |= {tuple(row) for row in batch["encoder_input_tokens"][batch[pipeline.EXAMPLE_MASK]]}
-    queries = [text for _, text in open_dataset(spm_data_dir).queries("dev")]
-    expected = {tuple(row) for row in encode_inputs(queries, vocabulary=built.vocabulary, input_length=16)}
-    # Every validation input is the retriever's tokens of a dev query ([CLS] first); the task has 3 of the 4 (query
-    # 14's one judged document is outside the collection, tests/fixtures/tasks/judgements.dev.tsv).
-    assert rows <= expected and len(rows) == 3 and all(row[0] == 101 for row in rows)
-    params, step = built.restore_params()
-    assert step == 2 and "bridge" in params and not any(name.startswith("encoder_layers") for name in params)
+        checkpointer.close()
+    assert any(p.startswith("bridge/") for p in saved)
+    assert not any(p.startswith(("encoder_layers", "encoder_norm", "encoder_relpos")) for p in saved)
+    # Frozen: the trained tower is all-MiniLM-L6-v2's weights exactly.
+    from gr_jax.encoders.minilm import _load_weights, default_model_dir
+    _, weights = _load_weights(default_model_dir())
+    for (path, leaf), expected in zip(jax.tree_util.tree_flatten_with_path(restored["tower"])[0],
+                                      jax.tree.leaves(weights), strict=True):
+        np.testing.assert_array_equal(np.asarray(leaf), np.asarray(expected), err_msg=str(path))
 
 
 def test_data_that_cannot_take_the_towers_inputs_is_refused(spm_data_dir):
