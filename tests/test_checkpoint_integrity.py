@@ -141,7 +141,9 @@ def test_damaged_step_is_refused_resume_falls_back_and_eval_refuses(tmp_path, me
         state, start_batch, input_checkpoint = training.initial_state(run)
     _assert_bit_exact(state, _state(mesh, 2))
     assert (start_batch, input_checkpoint) == (2, 2)
-    warning, = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    # Only ours: orbax may warn too (a slow save of the step before, under load).
+    warning, = [r.getMessage() for r in caplog.records
+                if r.levelno == logging.WARNING and r.name == "gr_jax.checkpoints"]
     assert re.match(error + r".*; resuming from step 2 instead", warning)
     assert run.checkpointer.all_steps() == [1, 2]
     assert (directory / checkpoints.DAMAGED_DIR / "3").is_dir() and not (directory / "3").exists()
