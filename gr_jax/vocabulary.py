@@ -10,6 +10,7 @@ small (10-way branching) and every docid tokenised the same way whatever text su
 """
 from __future__ import annotations
 
+import functools
 import io
 import logging
 import os
@@ -142,6 +143,17 @@ class HostSentencePieceVocabulary:
         if self.eos_id in clean:
             clean = clean[:clean.index(self.eos_id) + 1]
         return self.tokenizer.DecodeIds(clean)
+
+
+@functools.lru_cache(maxsize=4)
+def wordpiece_tokenizer(model_dir: pathlib.Path):
+    """The `tokenizers` WordPiece tokenizer of a sentence-transformers folder (its tokenizer.json), without padding
+    or truncation: what a MiniLM tower's texts and a WordPiece input vocabulary are encoded with, loaded once."""
+    import tokenizers
+    tokenizer = tokenizers.Tokenizer.from_file(str(pathlib.Path(model_dir) / "tokenizer.json"))
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    return tokenizer
 
 
 def vocabulary_file(data: Any) -> pathlib.Path:

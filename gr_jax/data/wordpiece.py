@@ -20,16 +20,9 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
+from gr_jax.vocabulary import wordpiece_tokenizer
+
 PathLike = str | os.PathLike
-
-
-@functools.lru_cache(maxsize=4)
-def _host_tokenizer(path: str):
-    import tokenizers
-    tokenizer = tokenizers.Tokenizer.from_file(path)
-    tokenizer.no_padding()
-    tokenizer.no_truncation()
-    return tokenizer
 
 
 class WordPieceVocabulary(seqio.Vocabulary):
@@ -75,11 +68,11 @@ class WordPieceVocabulary(seqio.Vocabulary):
         return self._size
 
     def _encode(self, s: str) -> Sequence[int]:
-        pieces = _host_tokenizer(str(self.model_dir / "tokenizer.json")).encode(s.strip(), add_special_tokens=False)
+        pieces = wordpiece_tokenizer(self.model_dir).encode(s.strip(), add_special_tokens=False)
         return [self._cls, *pieces.ids]
 
     def _decode(self, ids: Iterable[int]) -> str:
-        return _host_tokenizer(str(self.model_dir / "tokenizer.json")).decode(
+        return wordpiece_tokenizer(self.model_dir).decode(
             [int(i) for i in ids if 0 <= int(i) < self._size], skip_special_tokens=True)
 
     @functools.cached_property

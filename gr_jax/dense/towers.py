@@ -14,7 +14,6 @@ from a Hugging Face T5.1.1 checkpoint through `gr_jax.pretrained`).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import pathlib
 from typing import Any, Optional, Protocol
 
@@ -23,6 +22,7 @@ import jax
 import numpy as np
 
 from gr_jax import network
+from gr_jax.vocabulary import wordpiece_tokenizer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,15 +65,6 @@ def _check_texts(texts) -> None:
 # --- all-MiniLM-L6-v2 ----------------------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=2)
-def _wordpiece(model_dir: pathlib.Path):
-    import tokenizers
-    tokenizer = tokenizers.Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-    tokenizer.no_padding()
-    tokenizer.no_truncation()
-    return tokenizer
-
-
 @dataclasses.dataclass(frozen=True)
 class WordPieceTokenizer:
     """BERT's `[CLS] text [SEP]` WordPiece ids (texts stripped, as sentence-transformers does), cut to `length`
@@ -82,7 +73,7 @@ class WordPieceTokenizer:
 
     def __call__(self, texts: list[str], *, length: int) -> Tokens:
         _check_texts(texts)
-        encodings = _wordpiece(self.model_dir).encode_batch([text.strip() for text in texts])
+        encodings = wordpiece_tokenizer(self.model_dir).encode_batch([text.strip() for text in texts])
         ids = np.zeros((len(texts), length), np.int32)
         truncated = 0
         for i, encoding in enumerate(encodings):
