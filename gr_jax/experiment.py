@@ -19,7 +19,6 @@ import numpy as np
 
 from gr_jax import losses
 from gr_jax import network
-from gr_jax import optimizers
 from gr_jax import warm_start
 from gr_jax.dense.towers import Tower
 from gr_jax.docids import DocidSpace
@@ -220,10 +219,8 @@ class Experiment(ModelFamily):
     def build(self, *, keep_checkpoints: int = 3) -> Built:
         """The model (`generative_model`), its mesh and trainer (no parameter is allocated)."""
         vocabulary, docid_space, model = self.generative_model()
-        frozen = model.encoder_tower is not None and not model.train_encoder_tower
-        mesh, trainer, checkpointer = self.training_parts(
-            model, keep_checkpoints=keep_checkpoints,
-            optimizer_factory=optimizers.frozen(self.optimizer_factory, "tower/.*") if frozen else None)
+        mesh, trainer, checkpointer = self.training_parts(model, keep_checkpoints=keep_checkpoints,
+                                                          frozen=model.frozen_parameters)
         return Built(experiment=self, vocabulary=vocabulary, docid_space=docid_space, model=model, mesh=mesh,
                      trainer=trainer, checkpointer=checkpointer)
 
@@ -257,9 +254,7 @@ class Built(BuiltRun):
         """A fresh train state: the encoder tower's pretrained weights where it has one; its parameters from
         `init_checkpoint` when set (a gr_jax run dir: warm start; else a Hugging Face T5.1.1 dir)."""
         experiment, trainer = self.experiment, self.trainer
-        tower, given = self.model.encoder_tower, {}
-        if tower is not None and (loaded := tower.load_params(abstract=trainer.abstract_state.params["tower"])):
-            given["tower"] = loaded
+        given = self.model.pretrained_params(abstract=trainer.abstract_state.params)
         state = trainer.init_state(jax.random.PRNGKey(experiment.seed), given=given)
         if experiment.init_checkpoint and RunDir.of(experiment.init_checkpoint).is_run():
             state = warm_start.initialize_from_run(state=state, trainer=trainer, model_dir=experiment.init_checkpoint)

@@ -88,12 +88,13 @@ class ModelFamily(TrainingSetup, abc.ABC):
         through `training_parts`, its trainer; no parameter is allocated."""
 
     def training_parts(self, model: TrainableModel, *, keep_checkpoints: int,
-                       optimizer_factory: Optional[Callable[..., optax.GradientTransformation]] = None) -> RunParts:
-        """The mesh, trainer and checkpointer of any family's `model`: this setup's mesh, optimizer (or
-        `optimizer_factory`, the setup's own wrapped, e.g. with frozen parameters), learning rate, batch and
-        microbatches; inputs and targets of the dataset's lengths; checkpoints in `model_dir/checkpoints`."""
+                       frozen: Optional[str] = None) -> RunParts:
+        """The mesh, trainer and checkpointer of any family's `model`: this setup's mesh, optimizer (whose updates
+        of the parameters whose path the regex `frozen` matches are zero: no update nor weight decay reaches
+        them), learning rate, batch and microbatches; inputs and targets of the dataset's lengths; checkpoints in
+        `model_dir/checkpoints`."""
         mesh = partitioning.make_mesh(data=self.mesh_data, model=self.mesh_model)
-        factory = optimizer_factory or self.optimizer_factory
+        factory = self.optimizer_factory if frozen is None else optimizers.frozen(self.optimizer_factory, frozen)
         trainer = Trainer(model=model, optimizer=factory(learning_rate=self.learning_rate), mesh=mesh,
                           input_length=self.dataset.input_length, target_length=self.dataset.target_length,
                           batch_size=self.batch_size, num_microbatches=self.num_microbatches,

@@ -46,6 +46,20 @@ class EncoderDecoderModel:
         self.head.check(self.config)
 
     @property
+    def frozen_parameters(self) -> Optional[str]:
+        """A regex of the parameters no optimizer update may reach: the tower's when it is not trained."""
+        return "tower/.*" if self.encoder_tower is not None and not self.train_encoder_tower else None
+
+    def pretrained_params(self, *, abstract: Mapping[str, Any]) -> dict[str, Any]:
+        """The parameters that start as loaded rather than initialised (`Trainer.init_state(given=...)`), by
+        top-level name: the encoder tower's pretrained weights, placed on `abstract` (the abstract state's
+        parameters)'s shardings; none without a tower or for a tower without stored weights."""
+        if self.encoder_tower is None:
+            return {}
+        loaded = self.encoder_tower.load_params(abstract=abstract["tower"])
+        return {} if loaded is None else {"tower": loaded}
+
+    @property
     def module(self) -> TowerEncoderTransformer:
         return TowerEncoderTransformer(self.config, head=self.head, encoder_tower=self.encoder_tower,
                                        train_tower=self.train_encoder_tower)

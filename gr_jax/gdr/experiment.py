@@ -23,7 +23,6 @@ from flax import traverse_util
 
 from gr_jax import checkpoints
 from gr_jax import network
-from gr_jax import optimizers
 from gr_jax.data.readers import DataFormatError, open_dataset
 from gr_jax.dense.towers import SentencePieceTokenizer, Tokenizer, Tower
 from gr_jax.docids import DocidSpace
@@ -89,10 +88,8 @@ class GdrExperiment(ModelFamily):
         tower = self.query_tower.for_data(data_dir=dataset.data_dir) if self.query_tower is not None else None
         model = GdrModel(config=decoder.config, head=decoder.head, encoder_tower=tower, document_dim=index.dim,
                          temperature=self.temperature, gdr_loss=self.loss, train_encoder_tower=self.train_query_tower)
-        frozen = tower is not None and not self.train_query_tower  # no update (nor weight decay) reaches the tower
-        mesh, trainer, checkpointer = self.training_parts(
-            model, keep_checkpoints=keep_checkpoints,
-            optimizer_factory=optimizers.frozen(self.optimizer_factory, "tower/.*") if frozen else None)
+        mesh, trainer, checkpointer = self.training_parts(model, keep_checkpoints=keep_checkpoints,
+                                                          frozen=model.frozen_parameters)
         tokenizer = tower.tokenizer(data_dir=dataset.data_dir) if tower is not None else SentencePieceTokenizer(
             vocabulary)
         return GdrBuilt(experiment=self, model=model, mesh=mesh, trainer=trainer, checkpointer=checkpointer,
@@ -148,15 +145,13 @@ class GdrBuilt(SampledBatchesRun):
         """A fresh train state: the query tower's weights loaded (see `GdrExperiment`), and the document encoder's
         fingerprint recorded in the model dir."""
         experiment = self.experiment
-        tower, given = self.model.encoder_tower, {}
-        if tower is not None:
-            abstract = self.trainer.abstract_state.params["tower"]
-            if experiment.query_tower_from_document_encoder:
-                encoder = self.index.encoder
-                given["tower"] = tower_params_from_run(model_dir=encoder["model_dir"], step=int(encoder["step"]),
-                                                       abstract=abstract)
-            elif (loaded := tower.load_params(abstract=abstract)) is not None:
-                given["tower"] = loaded
+        abstract = self.trainer.abstract_state.params
+        if self.model.encoder_tower is not None and experiment.query_tower_from_document_encoder:
+            encoder = self.index.encoder
+            given = {"tower": tower_params_from_run(model_dir=encoder["model_dir"], step=int(encoder["step"]),
+                                                    abstract=abstract["tower"])}
+        else:
+            given = self.model.pretrained_params(abstract=abstract)
         state = self.trainer.init_state(jax.random.PRNGKey(experiment.seed), given=given)
         path = RunDir.of(experiment.model_dir).document_encoder
         path.parent.mkdir(parents=True, exist_ok=True)
