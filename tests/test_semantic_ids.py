@@ -328,6 +328,39 @@ def test_tool_builds_and_writes_the_table(topic_data_dir, scheme, capsys):
     np.testing.assert_array_equal(DocidTable.load(topic_data_dir / f"docids.{scheme}.tsv").tokens, table.tokens)
 
 
+def test_tool_clusters_a_dense_runs_index_as_it_clusters_the_encoders_vectors(topic_data_dir, tmp_path):
+    """--index_dir: the same vectors, read from a dense run's corpus index, give the same table; an index of other
+    documents, or of them in another order, is refused."""
+    from gr_jax.dense.index import EMBEDDINGS, CorpusIndex
+    from gr_jax.tools import semantic_ids as tool
+
+    options = dict(k=3, c=10, seed=0, nredo=5)
+    tool.build(data_dir=topic_data_dir, scheme="semantic", options=options, embeddings_path=None, batch_size=32,
+               encoder=HashedBagOfWords())
+    expected = DocidTable.load(topic_data_dir / "docids.semantic.tsv")
+    texts = [line.split("\t")[1] for line in (topic_data_dir / "collection.tsv").read_text().splitlines()]
+    vectors = HashedBagOfWords()(texts)
+
+    def index_dir(name, order):
+        directory = tmp_path / name
+        directory.mkdir()
+        np.save(directory / EMBEDDINGS, vectors[order])
+        CorpusIndex(docids=np.array([d.encode() for d in expected.docids])[order], embeddings=vectors[order],
+                    manifest={"corpus": {"documents": len(order)}, "encoder": {"dim": HashedBagOfWords.dim}}
+                    ).save(directory)
+        return directory
+
+    (topic_data_dir / "docids.semantic.tsv").unlink()
+    report = tool.build(data_dir=topic_data_dir, scheme="semantic", options=options, embeddings_path=None,
+                        batch_size=32, index_dir=index_dir("dense", np.arange(120)))
+    assert report["index_dir"] == str(tmp_path / "dense")
+    np.testing.assert_array_equal(DocidTable.load(topic_data_dir / "docids.semantic.tsv").tokens, expected.tokens)
+    with pytest.raises(ValueError, match=r"manifest.json: its 120 documents are not .*collection.tsv's 120 in order "
+                                         r"\(first difference at row 0\)"):
+        tool.build(data_dir=topic_data_dir, scheme="semantic", options=options, embeddings_path=None, batch_size=32,
+                   index_dir=index_dir("reversed", np.arange(120)[::-1]))
+
+
 def test_tool_main_prints_json_and_reports_errors(topic_data_dir, tmp_path, capsys):
     from gr_jax.tools import semantic_ids as tool
 

@@ -2,7 +2,7 @@
 the collection's all-MiniLM-L6-v2 embeddings.
 
     python -m gr_jax.tools.semantic_ids --data_dir DIR [--scheme NAME] [the scheme's options]
-                                 [--embeddings FILE | --no_embeddings_cache]
+                                 [--embeddings FILE | --no_embeddings_cache | --index_dir DENSE_RUN/index/STEP]
 
     e.g. --scheme semantic [--k 10 --c 100 --seed 0 --nredo 1]; --scheme codebook [--levels 8 --codes 256
     --shared_codes --seed 0]; `--help` lists every scheme's options.
@@ -14,6 +14,11 @@ while it is newer than the collection: embedding is the costly step), hands the 
 `DIR/docids.{scheme}.tsv` (`DocidTable.save`, the table file that `gr_jax.docids.load_docid_table` reads) and prints
 one JSON line: the table's size, the vocabulary size the model needs, timings, the settings and the scheme's
 diagnostics. Any other scheme (atomic, naive) is built as a run would build it, and written.
+
+`--index_dir` clusters a dense run's encoded collection instead (`gr_jax.tools.dense_index`, or the index a dense
+run's evaluation writes): docids from a trained dense space, as GDR's "-ours" clusters, rather than zero-shot
+MiniLM's. Its documents must be the collection's, in its order. A data dir holds one table per scheme, so keep the
+zero-shot table beside it by building into a second data dir whose files link to the first's.
 """
 from __future__ import annotations
 
@@ -25,11 +30,13 @@ import typing
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gr_jax.data.readers import open_dataset
+import numpy as np
+
+from gr_jax.data.readers import RetrievalDataset, open_dataset
 from gr_jax.docids import SCHEMES, DocidSpace, ExtendedDocidTable, docid_table_path, get_scheme
 from gr_jax.docids.scheme import PrebuiltScheme
 from gr_jax.encoders import Encoder
-from gr_jax.encoders.collection import collection_embeddings
+from gr_jax.encoders.collection import CollectionEmbeddings, collection_embeddings
 from gr_jax.entry_point import run_tool
 from gr_jax.vocabulary import load_vocabulary
 
@@ -38,11 +45,13 @@ EMBEDDINGS_FILENAME = "embeddings.minilm.npy"
 
 def build(*, data_dir: str | pathlib.Path, scheme: str, options: Mapping[str, Any] | None = None,
           embeddings_path: str | pathlib.Path | None, batch_size: int, encoder_batch_size: int = 128,
-          show_progress: bool = False, encoder: Encoder | None = None) -> dict:
+          show_progress: bool = False, encoder: Encoder | None = None,
+          index_dir: str | pathlib.Path | None = None) -> dict:
     """Builds and writes `data_dir/docids.{scheme}.tsv`; returns the JSON report.
 
     options: a prebuilt scheme's settings by name (its `settings_type`'s fields; the others keep their defaults).
     encoder: any `list[str] -> float32[n, dim]` (default: all-MiniLM-L6-v2 with `encoder_batch_size`).
+    index_dir: a dense run's corpus index whose document vectors are clustered instead of the encoder's.
     """
     definition = get_scheme(scheme)
     options = dict(options or {})
@@ -55,16 +64,21 @@ def build(*, data_dir: str | pathlib.Path, scheme: str, options: Mapping[str, An
     report: dict = {"data_dir": str(dataset.data_dir), "scheme": scheme}
     diagnostics = None
     if isinstance(definition, PrebuiltScheme):
-        if encoder is None:
-            from gr_jax.encoders import load_minilm  # Imports jax: only for the prebuilt schemes.
+        if index_dir is not None:
+            embedded = index_embeddings(dataset=dataset, index_dir=index_dir)
+            embeddings_path = None
+        else:
+            if encoder is None:
+                from gr_jax.encoders import load_minilm  # Imports jax: only for the prebuilt schemes.
 
-            encoder = load_minilm(batch_size=encoder_batch_size)
-        embedded = collection_embeddings(dataset=dataset, encoder=encoder, cache_path=embeddings_path,
-                                         batch_size=batch_size, show_progress=show_progress)
+                encoder = load_minilm(batch_size=encoder_batch_size)
+            embedded = collection_embeddings(dataset=dataset, encoder=encoder, cache_path=embeddings_path,
+                                             batch_size=batch_size, show_progress=show_progress)
         start = time.perf_counter()
         built = definition.from_embeddings(docids=embedded.docids, embeddings=embedded.embeddings,
                                            vocabulary=vocabulary, settings=settings, show_progress=show_progress)
         report.update(embeddings=str(embeddings_path) if embeddings_path else None,
+                      index_dir=str(index_dir) if index_dir is not None else None,
                       embeddings_cached=embedded.cached, embed_s=round(embedded.seconds, 2),
                       embed_documents_per_s=embedded.documents_per_s and round(embedded.documents_per_s, 1),
                       cluster_s=round(time.perf_counter() - start, 2), **dataclasses.asdict(settings))
@@ -82,6 +96,24 @@ def build(*, data_dir: str | pathlib.Path, scheme: str, options: Mapping[str, An
     if diagnostics is not None:
         report["diagnostics"] = diagnostics
     return report
+
+
+def index_embeddings(*, dataset: RetrievalDataset, index_dir: str | pathlib.Path) -> CollectionEmbeddings:
+    """The document vectors of a dense run's corpus index, checked to be `dataset`'s collection in its order."""
+    from gr_jax.dense.index import MANIFEST, CorpusIndex  # Imports jax: only with --index_dir.
+
+    index = CorpusIndex.load(index_dir, expect=lambda manifest, path: None)
+    where = pathlib.Path(index_dir) / MANIFEST
+    if index.multi_vector:
+        raise ValueError(f"{where}: several vectors a document (MaxSim); a docid scheme clusters one a document")
+    docids = tuple(docid for docid, _ in dataset.collection())
+    indexed = tuple(docid.decode() if isinstance(docid, bytes) else str(docid) for docid in index.docids)
+    if indexed != docids:
+        first = next((i for i, (a, b) in enumerate(zip(indexed, docids)) if a != b), min(len(indexed), len(docids)))
+        raise ValueError(f"{where}: its {len(indexed)} documents are not {dataset.collection_path}'s {len(docids)} in "
+                         f"order (first difference at row {first})")
+    return CollectionEmbeddings(docids=docids, embeddings=np.asarray(index.embeddings, np.float32), cached=True,
+                                seconds=0.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,6 +183,8 @@ def _parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, dict[st
     parser.add_argument("--embeddings", default=None,
                         help=f"embedding cache (.npy); default: DATA_DIR/{EMBEDDINGS_FILENAME}")
     parser.add_argument("--no_embeddings_cache", action="store_true", help="keep the embeddings in memory only")
+    parser.add_argument("--index_dir", default=None,
+                        help="cluster this dense run's index/{step} document vectors instead of zero-shot MiniLM's")
     parser.add_argument("--batch_size", type=int, default=4096, help="texts read per encoder call (default: 4096)")
     parser.add_argument("--encoder_batch_size", type=int, default=128,
                         help="texts per jitted forward pass (default: 128)")
@@ -171,7 +205,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
         args.embeddings or pathlib.Path(args.data_dir) / EMBEDDINGS_FILENAME)
     return run_tool(lambda: build(data_dir=args.data_dir, scheme=args.scheme, options=options,
                                   embeddings_path=embeddings_path, batch_size=args.batch_size,
-                                  encoder_batch_size=args.encoder_batch_size, show_progress=not args.no_progress))
+                                  encoder_batch_size=args.encoder_batch_size, show_progress=not args.no_progress,
+                                  index_dir=args.index_dir))
 
 
 if __name__ == "__main__":
