@@ -1,0 +1,122 @@
+"""Distillation data from a retriever: pseudo-queries labeled with a teacher's top documents, added to a data dir's
+training queries, so a generative student learns the teacher's mapping for documents no training query names.
+
+    python -m gr_jax.tools.distill --data_dir data/wordnet_food_c93 --teacher_dir runs/dense/minilm_zero_shot \
+        --pseudo_queries data/wordnet_plant_animal/queries.train.tsv [--pseudo_queries FILE ...] [--labels 1] \
+        [--teacher_step N] --out_dir data/wordnet_food_c93_distilled
+
+The teacher is any trained run (`gr_jax.search.restore_retriever`: dense, generative, GDR) over `--data_dir`'s
+collection; pseudo-queries are `qid \\t text` files (another set's queries, spans of the documents, doc2query
+outputs). Each pseudo-query becomes the training query `pseudo-{qid}` judged relevant to the teacher's `--labels` top
+documents (relevance `--labels - rank + 1`: the top one highest, for rank-aware targets). The out dir gets the
+original training queries plus these (`queries.train.tsv`, `qrels.train.tsv`); every other file of `--data_dir`
+(collection, valid/dev splits, vocabulary, docid tables) is linked. A pseudo-query whose text is one of the
+evaluation splits' queries is left out and counted, never trained on. Prints one JSON line (also `distill.json`):
+the teacher, the counts, how many distinct documents the labels reach and how many of those no original training
+query names.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+from collections.abc import Sequence
+from typing import Any, Optional
+
+from gr_jax.data.readers import open_dataset, read_queries, write_tsv
+from gr_jax.entry_point import run_tool
+
+TRAIN_FILES = ("queries.train.tsv", "qrels.train.tsv", "distill.json")
+PSEUDO_PREFIX = "pseudo-"
+
+
+def distill(*, data_dir: str, teacher_dir: str, pseudo_queries: Sequence[str], out_dir: str, labels: int = 1,
+            teacher_step: Optional[int] = None, batch_size: int = 256) -> dict[str, Any]:
+    """Writes the distilled data dir; returns the report."""
+    from gr_jax.retrievers.settings import EvalConfig
+    from gr_jax.search import restore_retriever
+
+    if labels < 1:
+        raise ValueError(f"--labels must be >= 1, got {labels}")
+    source = pathlib.Path(data_dir).resolve()
+    dataset = open_dataset(source)
+    if dataset.layout != "msmarco":
+        raise ValueError(f"{data_dir}: distill reads and writes the MS MARCO layout (found {dataset.layout})")
+    out = pathlib.Path(out_dir)
+    if out.resolve() == source:
+        raise ValueError("the output dir must differ from --data_dir (the original is kept)")
+    held_out = {text.strip().lower() for split in dataset.judged_splits() if split != "train"
+                for _, text in dataset.queries(split)}
+    pseudo: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    leaked = 0
+    for path in pseudo_queries:
+        for qid, text in read_queries(path):
+            if f"{PSEUDO_PREFIX}{qid}" in seen:
+                raise ValueError(f"{path}: query id {qid!r} occurs in two --pseudo_queries files")
+            seen.add(f"{PSEUDO_PREFIX}{qid}")
+            if text.strip().lower() in held_out:
+                leaked += 1
+                continue
+            pseudo.append((f"{PSEUDO_PREFIX}{qid}", text))
+    if not pseudo:
+        raise ValueError(f"no pseudo-queries to label in {list(pseudo_queries)}")
+    train_queries = list(dataset.queries("train", setting=None))
+    train_qrels = dataset.qrels("train", setting=None)
+    if any(qid.startswith(PSEUDO_PREFIX) for qid, _ in train_queries):
+        raise ValueError(f"{data_dir}: its training queries already hold {PSEUDO_PREFIX}* ids (distilled data?)")
+    _, teacher = restore_retriever(teacher_dir, settings=EvalConfig(batch_size=batch_size, ranking_depth=labels),
+                                   step=teacher_step)
+    ranking = teacher.rank([text for _, text in pseudo], k=labels)
+    collection = {docid for docid, _ in dataset.collection()}
+    judged: list[tuple[str, str, str, str]] = []
+    labeled: list[tuple[str, str]] = []
+    for (qid, text), ids in zip(pseudo, ranking.ids):
+        unknown = [docid for docid in ids if docid not in collection]
+        if unknown:
+            raise ValueError(f"the teacher {teacher_dir} ranks {unknown[0]!r}, not a document of {data_dir}: it "
+                             f"retrieves from another collection")
+        if ids:
+            labeled.append((qid, text))
+            judged.extend((qid, "0", docid, str(labels - rank)) for rank, docid in enumerate(ids))
+    out.mkdir(parents=True, exist_ok=True)
+    write_tsv(out / "queries.train.tsv", [*train_queries, *labeled])
+    write_tsv(out / "qrels.train.tsv", [*((qid, "0", docid, str(rel)) for qid, docs in train_qrels.items()
+                                          for docid, rel in docs.items()), *judged])
+    for path in source.iterdir():
+        target = out / path.name
+        if path.name in TRAIN_FILES or not path.is_file():
+            continue
+        if target.is_symlink() or target.exists():
+            target.unlink()
+        os.symlink(path, target)
+    named = {docid for docs in train_qrels.values() for docid, rel in docs.items() if rel >= 1}
+    reached = {docid for _, _, docid, _ in judged}
+    report = {"data_dir": str(data_dir), "out_dir": str(out_dir), "teacher_dir": str(teacher_dir),
+              "teacher_step": teacher_step, "pseudo_queries": list(pseudo_queries), "labels": labels,
+              "train_queries": len(train_queries), "pseudo_queries_labeled": len(labeled),
+              "pseudo_queries_unranked": len(pseudo) - len(labeled), "left_out_as_eval_queries": leaked,
+              "documents_labeled": len(reached), "documents_labeled_without_a_train_query": len(reached - named),
+              "documents": len(collection)}
+    (out / "distill.json").write_text(json.dumps(report, indent=1))
+    return report
+
+
+def main(argv: Optional[Sequence[str]] = None) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m gr_jax.tools.distill", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data_dir", required=True, help="the corpus and its training queries (MS MARCO layout)")
+    parser.add_argument("--teacher_dir", required=True, help="a trained run over --data_dir's collection")
+    parser.add_argument("--teacher_step", type=int, default=None, help="its checkpoint (default: the latest)")
+    parser.add_argument("--pseudo_queries", action="append", required=True, help="a `qid \\t text` file")
+    parser.add_argument("--labels", type=int, default=1, help="the teacher's top documents each query is judged to")
+    parser.add_argument("--batch_size", type=int, default=256, help="queries the teacher ranks at once")
+    parser.add_argument("--out_dir", required=True)
+    args = parser.parse_args(argv)
+    return run_tool(lambda: distill(data_dir=args.data_dir, teacher_dir=args.teacher_dir,
+                                    pseudo_queries=args.pseudo_queries, out_dir=args.out_dir, labels=args.labels,
+                                    teacher_step=args.teacher_step, batch_size=args.batch_size))
+
+
+if __name__ == "__main__":
+    main()
