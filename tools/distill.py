@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
 from collections.abc import Sequence
 from typing import Any, Optional
 
-from gr_jax.data.readers import open_dataset, read_queries, write_tsv
+from gr_jax.data.readers import read_queries
+from gr_jax.data.training_view import view_source, write_view
 from gr_jax.entry_point import run_tool
 
-TRAIN_FILES = ("queries.train.tsv", "qrels.train.tsv", "distill.json")
+REPORT = "distill.json"
 PSEUDO_PREFIX = "pseudo-"
 
 
@@ -39,13 +39,7 @@ def distill(*, data_dir: str, teacher_dir: str, pseudo_queries: Sequence[str], o
 
     if labels < 1:
         raise ValueError(f"--labels must be >= 1, got {labels}")
-    source = pathlib.Path(data_dir).resolve()
-    dataset = open_dataset(source)
-    if dataset.layout != "msmarco":
-        raise ValueError(f"{data_dir}: distill reads and writes the MS MARCO layout (found {dataset.layout})")
-    out = pathlib.Path(out_dir)
-    if out.resolve() == source:
-        raise ValueError("the output dir must differ from --data_dir (the original is kept)")
+    dataset = view_source(data_dir=data_dir, out_dir=out_dir, tool="distill")
     held_out = {text.strip().lower() for split in dataset.judged_splits() if split != "train"
                 for _, text in dataset.queries(split)}
     pseudo: list[tuple[str, str]] = []
@@ -70,7 +64,7 @@ def distill(*, data_dir: str, teacher_dir: str, pseudo_queries: Sequence[str], o
                                    step=teacher_step)
     ranking = teacher.rank([text for _, text in pseudo], k=labels)
     collection = {docid for docid, _ in dataset.collection()}
-    judged: list[tuple[str, str, str, str]] = []
+    judged: list[tuple[str, str, int]] = []
     labeled: list[tuple[str, str]] = []
     for (qid, text), ids in zip(pseudo, ranking.ids):
         unknown = [docid for docid in ids if docid not in collection]
@@ -79,27 +73,19 @@ def distill(*, data_dir: str, teacher_dir: str, pseudo_queries: Sequence[str], o
                              f"retrieves from another collection")
         if ids:
             labeled.append((qid, text))
-            judged.extend((qid, "0", docid, str(labels - rank)) for rank, docid in enumerate(ids))
-    out.mkdir(parents=True, exist_ok=True)
-    write_tsv(out / "queries.train.tsv", [*train_queries, *labeled])
-    write_tsv(out / "qrels.train.tsv", [*((qid, "0", docid, str(rel)) for qid, docs in train_qrels.items()
-                                          for docid, rel in docs.items()), *judged])
-    for path in source.iterdir():
-        target = out / path.name
-        if path.name in TRAIN_FILES or not path.is_file():
-            continue
-        if target.is_symlink() or target.exists():
-            target.unlink()
-        os.symlink(path, target)
+            judged.extend((qid, docid, labels - rank) for rank, docid in enumerate(ids))
+    write_view(dataset=dataset, out_dir=out_dir, queries=[*train_queries, *labeled], own_files=(REPORT,),
+               judgements=[*((qid, docid, rel) for qid, docs in train_qrels.items() for docid, rel in docs.items()),
+                           *judged])
     named = {docid for docs in train_qrels.values() for docid, rel in docs.items() if rel >= 1}
-    reached = {docid for _, _, docid, _ in judged}
+    reached = {docid for _, docid, _ in judged}
     report = {"data_dir": str(data_dir), "out_dir": str(out_dir), "teacher_dir": str(teacher_dir),
               "teacher_step": teacher_step, "pseudo_queries": list(pseudo_queries), "labels": labels,
               "train_queries": len(train_queries), "pseudo_queries_labeled": len(labeled),
               "pseudo_queries_unranked": len(pseudo) - len(labeled), "left_out_as_eval_queries": leaked,
               "documents_labeled": len(reached), "documents_labeled_without_a_train_query": len(reached - named),
               "documents": len(collection)}
-    (out / "distill.json").write_text(json.dumps(report, indent=1))
+    (pathlib.Path(out_dir) / REPORT).write_text(json.dumps(report, indent=1))
     return report
 
 

@@ -14,16 +14,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
 from collections.abc import Sequence
 from typing import Optional
 
 import numpy as np
 
+from gr_jax.data.training_view import view_source, write_view
 from gr_jax.entry_point import run_tool
-
-TRAIN_FILES = ("queries.train.tsv", "qrels.train.tsv")
 
 
 def fraction_dir_name(data_dir: str, fraction: float) -> str:
@@ -31,32 +29,17 @@ def fraction_dir_name(data_dir: str, fraction: float) -> str:
 
 
 def write_fraction(*, data_dir: str, out_dir: str, fraction: float, seed: int = 0) -> dict:
-    from gr_jax.data.readers import open_dataset, write_tsv
     if not 0.0 < fraction <= 1.0:
         raise ValueError(f"a fraction must be in (0, 1], got {fraction}")
-    source = pathlib.Path(data_dir).resolve()
-    dataset = open_dataset(source)
-    if dataset.layout != "msmarco":
-        raise ValueError(f"{data_dir}: train_fraction reads and writes the MS MARCO layout (found {dataset.layout})")
-    out = pathlib.Path(out_dir)
-    if out.resolve() == source:
-        raise ValueError("the output dir must differ from --data_dir (the original is kept)")
-    out.mkdir(parents=True, exist_ok=True)
+    dataset = view_source(data_dir=data_dir, out_dir=out_dir, tool="train_fraction")
     queries = list(dataset.queries("train"))
     order = np.random.default_rng(seed).permutation(len(queries))
     kept = sorted(order[:int(round(fraction * len(queries)))].tolist())
     qrels = dataset.qrels("train")
     chosen = [queries[i] for i in kept]
-    write_tsv(out / "queries.train.tsv", chosen)
-    judged = [(qid, "0", docid, str(rel)) for qid, _ in chosen for docid, rel in qrels.get(qid, {}).items()]
-    write_tsv(out / "qrels.train.tsv", judged)
-    for path in source.iterdir():
-        target = out / path.name
-        if path.name in TRAIN_FILES or path.name == "train_fraction.json" or not path.is_file():
-            continue
-        if target.is_symlink() or target.exists():
-            target.unlink()
-        os.symlink(path, target)
+    judged = [(qid, docid, rel) for qid, _ in chosen for docid, rel in qrels.get(qid, {}).items()]
+    write_view(dataset=dataset, out_dir=out_dir, queries=chosen, judgements=judged, own_files=("train_fraction.json",))
+    out = pathlib.Path(out_dir)
     summary = {"data_dir": str(data_dir), "out_dir": str(out_dir), "fraction": fraction, "seed": seed,
                "train_queries": len(chosen), "of_train_queries": len(queries), "train_judgements": len(judged)}
     (out / "train_fraction.json").write_text(json.dumps(summary, indent=1))
