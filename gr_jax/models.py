@@ -47,17 +47,23 @@ class EncoderDecoderModel:
 
     @property
     def frozen_parameters(self) -> Optional[str]:
-        """A regex of the parameters no optimizer update may reach: the tower's when it is not trained."""
-        return "tower/.*" if self.encoder_tower is not None and not self.train_encoder_tower else None
+        """A regex of the parameters no optimizer update may reach: the tower's when it is not trained, and the
+        head's own frozen ones (`OutputHead.frozen_param_pattern`)."""
+        patterns = [*(["tower/.*"] if self.encoder_tower is not None and not self.train_encoder_tower else []),
+                    *filter(None, [self.head.frozen_param_pattern()])]
+        return "|".join(f"(?:{pattern})" for pattern in patterns) or None
 
     def pretrained_params(self, *, abstract: Mapping[str, Any]) -> dict[str, Any]:
         """The parameters that start as loaded rather than initialised (`Trainer.init_state(given=...)`), by
-        top-level name: the encoder tower's pretrained weights, placed on `abstract` (the abstract state's
-        parameters)'s shardings; none without a tower or for a tower without stored weights."""
-        if self.encoder_tower is None:
-            return {}
-        loaded = self.encoder_tower.load_params(abstract=abstract["tower"])
-        return {} if loaded is None else {"tower": loaded}
+        top-level name, placed on `abstract` (the abstract state's parameters)'s shardings: the encoder tower's
+        pretrained weights (none for a tower without stored weights) and the head's (`OutputHead.
+        pretrained_params`)."""
+        given = dict(self.head.pretrained_params(abstract=abstract))
+        if self.encoder_tower is not None:
+            loaded = self.encoder_tower.load_params(abstract=abstract["tower"])
+            if loaded is not None:
+                given["tower"] = loaded
+        return given
 
     @property
     def module(self) -> TowerEncoderTransformer:

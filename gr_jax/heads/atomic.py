@@ -13,7 +13,7 @@ columns shard-wise (`top_k_columns`): no device ever holds the logits of all 8.8
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -83,7 +83,7 @@ class AtomicLayer(HeadLayer):
 class AtomicHead(OverDocidTokens):
     """DSI's atomic docids. Settings: the docid token range (`OverDocidTokens`; None: from the docid space)."""
 
-    layer_class = AtomicLayer
+    layer_class: ClassVar[type[HeadLayer]] = AtomicLayer
     ranks_in_one_pass = True
 
     def columns(self) -> int:
@@ -125,6 +125,11 @@ class AtomicHead(OverDocidTokens):
         return self.rank(model, params, encoder_input_tokens, num_results=num_beams, max_decode_len=max_decode_len,
                          length_penalty=length_penalty)
 
+    def ranking_operands(self, params: Any, states: Array) -> tuple[Array, Array]:
+        """(queries [..., q], kernel [q, columns]) of the docid logits queries . kernel (`rank`'s shard-wise top-k):
+        the decoder's start states and the head's columns."""
+        return states, params["atomic_logits_dense"]
+
     def rank(self, model: Any, params: Any, encoder_input_tokens: Array, *, num_results: int, max_decode_len: int = 2,
              length_penalty: float = 0.0) -> decoding.BeamSearchResult:
         """The `num_results` most likely docids of the whole corpus for each query, best first.
@@ -141,8 +146,8 @@ class AtomicHead(OverDocidTokens):
             raise ValueError(f"max_decode_len={max_decode_len}: an atomic docid needs 2 tokens (docid, EOS)")
         start, size = self.docid_tokens()
         states = model.module.apply({"params": params}, encoder_input_tokens, method=Transformer.start_states)
-        scores, columns = top_k_columns(states, params["atomic_logits_dense"], k=num_results, first_column=0,
-                                        end_column=size)
+        queries, kernel = self.ranking_operands(params, states)
+        scores, columns = top_k_columns(queries, kernel, k=num_results, first_column=0, end_column=size)
         tokens = columns + start
         found = scores > NEG_INF / 2  # masked columns only surface when num_results > number of docids
         scores = jnp.where(found, scores, -jnp.inf)

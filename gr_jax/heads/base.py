@@ -20,6 +20,7 @@ A new head is one new module (anywhere, `gr_jax/heads/` or a user's own) with an
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
 import jax
@@ -129,6 +130,16 @@ class OutputHead:
         """The parameter that a pretrained T5's output layer (`lm_head`, its columns the input vocabulary's tokens)
         fills, or None when the head has no such layer (`gr_jax.pretrained`)."""
         del config
+        return None
+
+    def pretrained_params(self, *, abstract: Mapping[str, Any]) -> dict[str, Any]:
+        """Top-level parameters of the head that start as given rather than initialised (`Trainer.init_state(
+        given=...)`), placed on `abstract`'s (the abstract state's parameters) shardings: none by default."""
+        del abstract
+        return {}
+
+    def frozen_param_pattern(self) -> Optional[str]:
+        """A regex of the head's parameters no optimizer update may reach (None: it trains them all)."""
         return None
 
     def fresh_param_patterns(self, config: T5Config) -> tuple[str, ...]:
