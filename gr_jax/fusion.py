@@ -24,6 +24,7 @@ from gr_jax.evaluation import Qrels, ScoredRun
 # grid in ranx.fusion_optimization. Interpolation ('wsum') of min-max-normalised scores and RRF are the two the
 # fusion literature reports for sparse + dense + generative retrievers.
 METHODS = ("rrf", "wsum", "sum", "mnz", "max", "isr", "log_isr", "bordafuse", "condorcet")
+WEIGHTED = ("wsum",)  # the METHODS whose parameters have no default
 NORMS = ("min-max", "max", "sum", "zmuv", "rank", "borda", None)
 
 
@@ -46,6 +47,9 @@ class Fusion:
         """One run `{qid: [(docid, score)]}`, best first, over the union of the runs' queries; `depth`: at most that
         many documents a query (None: every document any run ranked)."""
         weights = self.params.get("weights")
+        if weights is None and self.method in WEIGHTED:
+            raise ValueError(f"fusion method {self.method!r} needs params={{'weights': [one per run]}} (or "
+                             f"Fusion.chosen_on to choose them)")
         if weights is not None and len(weights) != len(runs):
             raise ValueError(f"{len(weights)} fusion weights for {len(runs)} runs")
         qids = _union_qids(runs)
@@ -75,8 +79,7 @@ def compile_kernels() -> None:
     package; `make venv` calls this once after installing, as pip compiles .pyc files, so no run or test pays it."""
     runs = [{"q": [("a", 1.0), ("b", 0.5)]}, {"q": [("b", 1.0)]}]
     for method in ("rrf", "wsum"):
-        Fusion.chosen_on(qrels={"q": {"b": 1}}, runs=runs, method=method)
-        Fusion(method=method).fuse(runs)
+        Fusion.chosen_on(qrels={"q": {"b": 1}}, runs=runs, method=method).fuse(runs)
 
 
 def _union_qids(runs: Sequence[ScoredRun]) -> list[str]:

@@ -40,6 +40,8 @@ def test_bad_fusions_are_refused():
         Fusion(method="wsum", params={"weights": [0.2, 0.3, 0.5]}).fuse([A, B])
     with pytest.raises(ValueError, match="at least two runs"):
         Fusion().fuse([A])
+    with pytest.raises(ValueError, match=r"'wsum' needs params=\{'weights': \[one per run\]\}"):
+        Fusion(method="wsum").fuse([A, B])
 
 
 def _split_runs():
