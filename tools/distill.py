@@ -47,9 +47,9 @@ def distill(*, data_dir: str, teacher_dir: str, pseudo_queries: Sequence[str], o
     leaked = 0
     for path in pseudo_queries:
         for qid, text in read_queries(path):
-            if f"{PSEUDO_PREFIX}{qid}" in seen:
+            if qid in seen:
                 raise ValueError(f"{path}: query id {qid!r} occurs in two --pseudo_queries files")
-            seen.add(f"{PSEUDO_PREFIX}{qid}")
+            seen.add(qid)
             if text.strip().lower() in held_out:
                 leaked += 1
                 continue
