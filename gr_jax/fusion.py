@@ -11,6 +11,7 @@ empty ranking.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
@@ -53,9 +54,11 @@ class Fusion:
         if weights is not None and len(weights) != len(runs):
             raise ValueError(f"{len(weights)} fusion weights for {len(runs)} runs")
         qids = _union_qids(runs)
-        fused = _quiet(ranx.fuse, runs=[_ranx_run(run, qids=qids, name=f"run{i}") for i, run in enumerate(runs)],
+        keys = _DocidKeys.of(runs)
+        fused = _quiet(ranx.fuse, runs=[_ranx_run(run, qids=qids, keys=keys, name=f"run{i}")
+                                        for i, run in enumerate(runs)],
                        norm=self.norm, method=self.method, params=dict(self.params))
-        return _scored(fused.to_dict(), qids=qids, depth=depth)
+        return _scored(fused.to_dict(), qids=qids, keys=keys, depth=depth)
 
     @classmethod
     def chosen_on(cls, *, qrels: Qrels, runs: Sequence[ScoredRun], method: str = "rrf",
@@ -66,17 +69,21 @@ class Fusion:
         qids = sorted(qrels)
         if not qids:
             raise ValueError("no judged queries to choose the fusion's parameters on")
-        ranx_runs = [_ranx_run({qid: run.get(qid, []) for qid in qids}, qids=qids, name=f"run{i}")
+        keys = _DocidKeys.of(runs, qrels=qrels)
+        ranx_runs = [_ranx_run({qid: run.get(qid, []) for qid in qids}, qids=qids, keys=keys, name=f"run{i}")
                      for i, run in enumerate(runs)]
-        ranx_qrels = ranx.Qrels({qid: dict(judged) for qid, judged in qrels.items()})
+        ranx_qrels = ranx.Qrels({qid: {keys.key[docid]: grade for docid, grade in judged.items()}
+                                 for qid, judged in qrels.items()})
         params = _quiet(ranx.optimize_fusion, qrels=ranx_qrels, runs=ranx_runs, norm=unchosen.norm,
                         method=unchosen.method, metric=metric, show_progress=False)
         return cls(method=method, norm=norm, params={name: _plain(value) for name, value in params.items()})
 
 
 def compile_kernels() -> None:
-    """ranx compiles its numba kernels when first used (about a minute on two cores) and caches them beside the
-    package; `make venv` calls this once after installing, as pip compiles .pyc files, so no run or test pays it."""
+    """ranx compiles its numba kernels when first used and caches them beside the package; `make venv` calls this
+    once after installing, as pip compiles .pyc files, so no run or test pays it. Docids reach ranx as fixed-width
+    keys (`_DocidKeys`), so these are the kernels of every later call; the typed containers ranx builds are compiled
+    again in each process that fuses (numba caches no typed-container code; docs/performance.md)."""
     runs = [{"q": [("a", 1.0), ("b", 0.5)]}, {"q": [("b", 1.0)]}]
     for method in ("rrf", "wsum"):
         Fusion.chosen_on(qrels={"q": {"b": 1}}, runs=runs, method=method).fuse(runs)
@@ -88,22 +95,45 @@ def _union_qids(runs: Sequence[ScoredRun]) -> list[str]:
     return list(dict.fromkeys(qid for run in runs for qid in run))
 
 
-def _ranx_run(run: ScoredRun, *, qids: Sequence[str], name: str) -> ranx.Run:
+@dataclasses.dataclass(frozen=True)
+class _DocidKeys:
+    """ranx turns a run's docids into a fixed-width numpy string array and numba compiles its kernels once per
+    width, in every process (its typed containers are not cached): docids of any length go to ranx as keys of one
+    width, so the kernels `compile_kernels` cached are the ones every later call uses."""
+    key: Mapping[str, str]
+    docid: Mapping[str, str]
+
+    WIDTH = 12
+
+    @classmethod
+    def of(cls, runs: Sequence[ScoredRun], *, qrels: Optional[Qrels] = None) -> _DocidKeys:
+        judged = (docid for grades in (qrels or {}).values() for docid in grades)
+        ranked = (docid for run in runs for ranking in run.values() for docid, _ in ranking)
+        docids = list(dict.fromkeys(itertools.chain(ranked, judged)))
+        if len(docids) >= 10 ** cls.WIDTH:
+            raise ValueError(f"{len(docids)} distinct docids: fusion keys them in {cls.WIDTH} digits")
+        key = {docid: f"{index:0{cls.WIDTH}d}" for index, docid in enumerate(docids)}
+        return cls(key=key, docid={k: docid for docid, k in key.items()})
+
+
+def _ranx_run(run: ScoredRun, *, qids: Sequence[str], keys: _DocidKeys, name: str) -> ranx.Run:
     """ranx wants every run to hold the same queries; a ranking listing a docid twice keeps its best score."""
     as_dict: dict[str, dict[str, float]] = {}
     for qid in qids:
         scores: dict[str, float] = {}
         for docid, score in run.get(qid, ()):
-            scores[docid] = max(float(score), scores.get(docid, -float("inf")))
+            key = keys.key[docid]
+            scores[key] = max(float(score), scores.get(key, -float("inf")))
         as_dict[qid] = scores
     return ranx.Run(as_dict, name=name)
 
 
-def _scored(fused: Mapping[str, Mapping[str, float]], *, qids: Sequence[str],
+def _scored(fused: Mapping[str, Mapping[str, float]], *, qids: Sequence[str], keys: _DocidKeys,
             depth: Optional[int]) -> dict[str, list[tuple[str, float]]]:
     run: dict[str, list[tuple[str, float]]] = {}
     for qid in qids:
-        ranked = sorted(fused.get(qid, {}).items(), key=lambda item: (-item[1], item[0]))
+        ranked = sorted(((keys.docid[key], score) for key, score in fused.get(qid, {}).items()),
+                        key=lambda item: (-item[1], item[0]))
         run[qid] = [(docid, float(score)) for docid, score in ranked[:depth]]
     return run
 
