@@ -128,19 +128,43 @@ def test_the_tasks_inputs_are_the_retrievers_tokens_of_the_same_queries(spm_data
     assert rows <= expected and len(rows) == 3 and all(row[0] == 101 for row in rows)
 
 
+def _one_layer_minilm(directory):
+    """all-MiniLM-L6-v2 cut to its first layer (its embeddings, layer 0 and tokenizer as shipped): the same loading
+    and network code as the six layers, at a sixth of the layers to compile."""
+    from safetensors.numpy import load_file, save_file
+
+    from gr_jax.encoders.minilm import default_model_dir
+    shipped = default_model_dir()
+    directory.mkdir()
+    for item in shipped.iterdir():
+        if item.name not in ("config.json", "model.safetensors"):
+            (directory / item.name).symlink_to(item)
+    config = json.loads((shipped / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 1}))
+    tensors = load_file(str(shipped / "model.safetensors"))
+    save_file({name: t for name, t in tensors.items() if not name.startswith("encoder.layer.")
+               or name.startswith("encoder.layer.0.")}, str(directory / "model.safetensors"))
+    return directory
+
+
 def test_a_minilm_encoder_run_trains_and_evaluates_through_the_entry_point(spm_data_dir, tmp_path):
     """encoders/minilm.gin on a PAWA-decoder run has a pulse: one step with the pretrained tower frozen (its
     cheapest setting: no backward pass through it), the final evaluation, a checkpoint holding the tower as loaded,
-    the bridge, and no T5 encoder."""
+    the bridge, and no T5 encoder. The tower is MiniLM's first layer (`_one_layer_minilm`); the full six layers'
+    numerics are checked against sentence-transformers in tests/test_minilm.py."""
     from gr_jax import checkpoints
     from gr_jax import train as train_main
     from gr_jax.run_dir import RunDir
     model_dir = tmp_path / "run"
+    minilm_dir = _one_layer_minilm(tmp_path / "minilm")
     gin.clear_config()
     try:
         train_main.main(["--gin_file=runs/train.gin", "--gin_file=models/t5_1_1/tiny.gin",
-                         "--gin_file=encoders/minilm.gin", "--gin.TRAIN_STEPS=1",
-                         "--gin.network.T5Config.num_decoder_layers=1", f"--gin.DATA_DIR='{spm_data_dir}'",
+                         "--gin_file=encoders/minilm.gin", f"--gin.towers.MiniLMTower.model_dir='{minilm_dir}'",
+                         "--gin.TRAIN_STEPS=1",
+                         # PAWA's weight generator is [embed, embed * embed]: 64 wide, not tiny's 256 (16.8M).
+                         "--gin.network.T5Config.num_decoder_layers=1", "--gin.network.T5Config.emb_dim=64",
+                         f"--gin.DATA_DIR='{spm_data_dir}'",
                          f"--gin.MODEL_DIR='{model_dir}'", "--gin.DATASET_NAME='tower_encoder'",
                          "--gin_file=decoders/pawa.gin", "--gin.DOCID_SCHEME='naive'", "--gin.INPUT_LENGTH=16",
                          "--gin.TARGET_LENGTH=12", "--gin.BATCH_SIZE=8", "--gin.training.EvalConfig.num_beams=4",
@@ -162,9 +186,9 @@ def test_a_minilm_encoder_run_trains_and_evaluates_through_the_entry_point(spm_d
         checkpointer.close()
     assert any(p.startswith("bridge/") for p in saved)
     assert not any(p.startswith(("encoder_layers", "encoder_norm", "encoder_relpos")) for p in saved)
-    # Frozen: the trained tower is all-MiniLM-L6-v2's weights exactly.
-    from gr_jax.encoders.minilm import _load_weights, default_model_dir
-    _, weights = _load_weights(default_model_dir())
+    # Frozen: the trained tower is the checkpoint's weights exactly.
+    from gr_jax.encoders.minilm import _load_weights
+    _, weights = _load_weights(minilm_dir)
     for (path, leaf), expected in zip(jax.tree_util.tree_flatten_with_path(restored["tower"])[0],
                                       jax.tree.leaves(weights), strict=True):
         np.testing.assert_array_equal(np.asarray(leaf), np.asarray(expected), err_msg=str(path))
