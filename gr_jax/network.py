@@ -124,7 +124,9 @@ def _activation(name: str) -> Callable[[Array], Array]:
         return functools.partial(jax.nn.gelu, approximate=True)
     if name == "relu":
         return jax.nn.relu
-    raise ValueError(f"Unknown MLP activation {name!r}; expected one of 'gelu', 'relu', 'linear'.")
+    if name == "silu":
+        return jax.nn.silu
+    raise ValueError(f"Unknown MLP activation {name!r}; expected one of 'gelu', 'relu', 'silu', 'linear'.")
 
 
 def teacher_forced_stack(embedded: Array, encoded: Array, *, layers: Layers, num_layers: int, relpos: nn.Module,
@@ -149,7 +151,7 @@ def teacher_forced_stack(embedded: Array, encoded: Array, *, layers: Layers, num
 Layers = Any  # a scanned stack's one layer module, or the list of an unscanned stack's layers
 
 
-def layer_stack(layer_cls: type[nn.Module], *, config: T5Config, num_layers: int,
+def layer_stack(layer_cls: type[nn.Module], *, config: Numerics, num_layers: int,
                 deterministic_argnum: int) -> Layers:
     """A stack's layers, made in its parent's `setup`: `num_layers` modules (parameters `{attribute}_{i}/...`), or
     with `config.scan_layers` one module the stack functions scan (parameters `{attribute}/...`, [layers, ...]).
@@ -168,8 +170,8 @@ def _is_scanned(layers: Layers) -> bool:
     return isinstance(layers, nn.Module)
 
 
-def _scan(body: Callable[..., tuple[Any, Any]], layer: nn.Module, carry: Any, *, num_layers: int, xs: tuple = (),
-          broadcast: tuple = ()) -> tuple[Any, Any]:
+def scan_stack(body: Callable[..., tuple[Any, Any]], layer: nn.Module, carry: Any, *, num_layers: int,
+               xs: tuple = (), broadcast: tuple = ()) -> tuple[Any, Any]:
     """`body(layer, carry, *xs_i, *broadcast) -> (carry, y_i)` once per layer of a scanned stack: (the last carry,
     the y_i stacked on a leading axis). Parameters are created and read stacked on axis 0 under the logical name
     'layers'; every layer draws its own initialisation and dropout keys."""
@@ -184,7 +186,7 @@ def run_layers(layers: Layers, x: Array, *args: Array, num_layers: int, determin
     if _is_scanned(layers):
         def body(layer, x, *args):
             return layer(x, *args, deterministic), None
-        return _scan(body, layers, x, num_layers=num_layers, broadcast=args)[0]
+        return scan_stack(body, layers, x, num_layers=num_layers, broadcast=args)[0]
     for layer in layers:
         x = layer(x, *args, deterministic)
     return x
@@ -196,7 +198,7 @@ def stack_cross_kv(layers: Layers, encoded: Array, *, num_layers: int) -> tuple:
     if _is_scanned(layers):
         def body(layer, carry, encoded):
             return carry, layer.encoder_decoder_attention.project_kv(encoded)
-        return (_scan(body, layers, (), num_layers=num_layers, broadcast=(encoded,))[1],)
+        return (scan_stack(body, layers, (), num_layers=num_layers, broadcast=(encoded,))[1],)
     return tuple(layer.encoder_decoder_attention.project_kv(encoded) for layer in layers)
 
 
@@ -211,7 +213,7 @@ def stack_step(layers: Layers, x: Array, *, num_layers: int, position: Array, ca
                                     bias_row=bias_row, layer=index)
             return (x, stacked), None
         (stacked,), (kv,) = cache, cross_kv
-        (x, stacked), _ = _scan(body, layers, (x, stacked), num_layers=num_layers,
+        (x, stacked), _ = scan_stack(body, layers, (x, stacked), num_layers=num_layers,
                                 xs=(kv, jnp.arange(num_layers, dtype=jnp.int32)),
                                 broadcast=(position, cross_mask, bias_row))
         return x, (stacked,)
@@ -277,14 +279,32 @@ class Dropout(nn.Module):
         return x * (mask.astype(x.dtype) / jnp.asarray(keep, x.dtype))
 
 
+class Numerics(Protocol):
+    """What a layer reads of its network's config beyond its own dimensions: T5Config and the decoder-only
+    family's config both are one."""
+    @property
+    def dtype(self) -> str: ...
+
+    @property
+    def param_dtype(self) -> str: ...
+
+    @property
+    def scan_layers(self) -> bool: ...
+
+    @property
+    def remat(self) -> bool: ...
+
+
 class RMSNorm(nn.Module):
-    """T5's layer norm: scale only, no mean subtraction, computed in float32."""
-    config: T5Config
+    """T5's layer norm (and Llama's): scale only, no mean subtraction, computed in float32."""
+    config: Numerics
     epsilon: float = 1e-6
+    axis: str = EMBED  # the logical name of the normalised axis (Qwen3's per-head norms: 'kv')
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
-        scale = logical_param(self, "scale", nn.initializers.ones, (x.shape[-1],), (EMBED,), self.config.param_dtype)
+        scale = logical_param(self, "scale", nn.initializers.ones, (x.shape[-1],), (self.axis,),
+                              self.config.param_dtype)
         x32 = x.astype(jnp.float32)
         y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + self.epsilon)
         return (y * scale.astype(jnp.float32)).astype(self.config.dtype)
@@ -381,9 +401,27 @@ class Attention(nn.Module):
         return self.attend(self.project_q(inputs_q), k, v, mask=mask, bias=bias, deterministic=deterministic)
 
 
+class MlpConfig(Numerics, Protocol):
+    @property
+    def emb_dim(self) -> int: ...
+
+    @property
+    def mlp_dim(self) -> int: ...
+
+    @property
+    def mlp_activations(self) -> tuple[str, ...]: ...
+
+    @property
+    def dropout_rate(self) -> float: ...
+
+    @property
+    def dropout_broadcast_dims(self) -> tuple[int, ...]: ...
+
+
 class Mlp(nn.Module):
-    """Gated MLP: (act_0(x W_0) * act_1(x W_1)) W_out, T5.1.1's gated-GELU for ('gelu', 'linear')."""
-    config: T5Config
+    """Gated MLP: (act_0(x W_0) * act_1(x W_1)) W_out, T5.1.1's gated-GELU for ('gelu', 'linear'), Llama's SwiGLU
+    for ('silu', 'linear')."""
+    config: MlpConfig
 
     def setup(self):
         cfg = self.config

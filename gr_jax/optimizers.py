@@ -81,7 +81,7 @@ def decay_matrices_only(params: Any) -> Any:
 # 'row' and 'column' dimensions become the rows and columns of the factored matrix, 'batch' dimensions (scanned
 # layers) are split into one parameter per layer (`per_layer`), 'none' leaves the parameter unfactored.
 ADAFACTOR_FACTOR_RULES: Mapping[str, str] = {
-    "embed": "row", "vocab": "column", "mlp": "column", "heads": "column", "kv": "column",
+    "embed": "row", "vocab": "column", "mlp": "column", "heads": "column", "kv_heads": "column", "kv": "column",
     "relpos_buckets": "none", "layers": "batch"}
 FACTOR_DIMS = ("row", "column", "batch", "none")
 

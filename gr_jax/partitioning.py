@@ -55,6 +55,9 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, str | None], ...] = (
     ("embed", None),
     ("mlp", MODEL_AXIS),
     ("heads", MODEL_AXIS),
+    # Grouped-query attention's key/value heads (the decoder-only family): sharded as the query heads, so their
+    # number must divide by the 'model' axis too (8 in Llama-2-70B, Llama-3 and Qwen3-0.6B).
+    ("kv_heads", MODEL_AXIS),
     ("kv", None),
     ("relpos_buckets", None),
     ("length", None),

@@ -148,14 +148,14 @@ class HFT5Config:
 
     def line_of(self, key: str) -> int:
         """1-based line of `"key":` in the file (1 when the key is absent and HF's default applies)."""
-        return _line(self.text, key)
+        return json_line(self.text, key)
 
     def error(self, key: str, message: str) -> DataFormatError:
         return DataFormatError.at(self.path, self.line_of(key), message)
 
 
-def read_hf_config(checkpoint_dir: PathLike) -> HFT5Config:
-    """Parses and validates `checkpoint_dir/config.json` (model_type t5 or mt5, a supported feed-forward)."""
+def read_config_json(checkpoint_dir: PathLike) -> tuple[pathlib.Path, dict[str, Any], str]:
+    """A Hugging Face checkpoint's config.json: (its path, the parsed object, its text for error lines)."""
     path = pathlib.Path(checkpoint_dir) / CONFIG_FILENAME
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no Hugging Face config.json; a checkpoint directory holds config.json "
@@ -167,20 +167,15 @@ def read_hf_config(checkpoint_dir: PathLike) -> HFT5Config:
         raise DataFormatError.at(path, e.lineno, f"invalid JSON: {e.msg}") from None
     if not isinstance(raw, dict):
         raise DataFormatError.at(path, 1, "expected a JSON object")
+    return path, raw, text
+
+
+def read_hf_config(checkpoint_dir: PathLike) -> HFT5Config:
+    """Parses and validates `checkpoint_dir/config.json` (model_type t5 or mt5, a supported feed-forward)."""
+    path, raw, text = read_config_json(checkpoint_dir)
 
     def get(key: str, default: Any, kind: type) -> Any:
-        value = raw.get(key, default)
-        if value is None:
-            value = default
-        if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-            raise DataFormatError.at(path, _line(text, key), f"{key} must be an integer, got {value!r}")
-        if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise DataFormatError.at(path, _line(text, key), f"{key} must be a number, got {value!r}")
-        if kind is bool and not isinstance(value, bool):
-            raise DataFormatError.at(path, _line(text, key), f"{key} must be true or false, got {value!r}")
-        if kind is str and not isinstance(value, str):
-            raise DataFormatError.at(path, _line(text, key), f"{key} must be a string, got {value!r}")
-        return kind(value)
+        return json_field(raw, key=key, default=default, kind=kind, path=path, text=text)
 
     num_layers = get("num_layers", 6, int)
     model_type = get("model_type", "t5", str)
@@ -188,7 +183,7 @@ def read_hf_config(checkpoint_dir: PathLike) -> HFT5Config:
     version = get("transformers_version", "", str)
     major = re.match(r"(\d+)\.", version)
     if version and not major:
-        raise DataFormatError.at(path, _line(text, "transformers_version"),
+        raise DataFormatError.at(path, json_line(text, "transformers_version"),
                                  f"transformers_version must be a version such as '4.57.1', got {version!r}")
     has_scale = raw.get("scale_decoder_outputs") is not None
     saved_by_5 = has_scale or (major is not None and int(major.group(1)) >= 5)
@@ -230,7 +225,24 @@ def read_hf_config(checkpoint_dir: PathLike) -> HFT5Config:
     return hf
 
 
-def _line(text: str, key: str) -> int:
+def json_field(raw: Mapping[str, Any], *, key: str, default: Any, kind: type, path: pathlib.Path, text: str) -> Any:
+    """config.json's `key` (absent or null: `default`) checked to be a `kind` (int, float, bool or str); a value of
+    another type is an error naming the file and line."""
+    value = raw.get(key, default)
+    if value is None:
+        value = default
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise DataFormatError.at(path, json_line(text, key), f"{key} must be an integer, got {value!r}")
+    if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise DataFormatError.at(path, json_line(text, key), f"{key} must be a number, got {value!r}")
+    if kind is bool and not isinstance(value, bool):
+        raise DataFormatError.at(path, json_line(text, key), f"{key} must be true or false, got {value!r}")
+    if kind is str and not isinstance(value, str):
+        raise DataFormatError.at(path, json_line(text, key), f"{key} must be a string, got {value!r}")
+    return kind(value)
+
+
+def json_line(text: str, key: str) -> int:
     """1-based line of the first `"key":` in a JSON text; 1 when absent."""
     match = re.search(r'"' + re.escape(key) + r'"\s*:', text)
     return text.count("\n", 0, match.start()) + 1 if match else 1
@@ -334,7 +346,7 @@ class SafetensorsCheckpoint(contextlib.AbstractContextManager):
             raise DataFormatError.at(index_path, e.lineno, f"invalid JSON: {e.msg}") from None
         weight_map = index.get("weight_map") if isinstance(index, dict) else None
         if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-            raise DataFormatError.at(index_path, _line(text, "weight_map"),
+            raise DataFormatError.at(index_path, json_line(text, "weight_map"),
                                      "expected {\"weight_map\": {tensor name: file name, ...}}")
         by_file: dict[str, set[str]] = {}
         for name, filename in weight_map.items():
@@ -342,7 +354,7 @@ class SafetensorsCheckpoint(contextlib.AbstractContextManager):
         for filename, names in sorted(by_file.items()):
             path = index_path.parent / filename
             if pathlib.PurePath(filename).name != filename or not path.is_file():
-                raise DataFormatError.at(index_path, _line(text, next(iter(sorted(names)))),
+                raise DataFormatError.at(index_path, json_line(text, next(iter(sorted(names)))),
                                          f"shard {filename!r} (holding e.g. {sorted(names)[0]!r}) is not a file "
                                          f"in {index_path.parent}")
             self._open_file(path, expected=names, index_path=index_path, index_text=text)
@@ -359,7 +371,7 @@ class SafetensorsCheckpoint(contextlib.AbstractContextManager):
                 raise ValueError(f"{path}: the tensors expected of a shard come with the index naming them")
             absent = sorted(expected - names)
             if absent:
-                raise DataFormatError.at(index_path, _line(index_text, absent[0]),
+                raise DataFormatError.at(index_path, json_line(index_text, absent[0]),
                                          f"tensor {absent[0]!r} is mapped to {path.name}, which does not hold it")
             unlisted = sorted(names - expected)
             if unlisted:
@@ -404,9 +416,10 @@ class SafetensorsCheckpoint(contextlib.AbstractContextManager):
 class TensorSource:
     """Where one of our parameters comes from: an HF tensor and how its [out, in] layout becomes ours.
 
-    layout: 'copy' (same layout), 'transpose' (2-D, ours = hf.T), 'qkv' ([h*k, d] -> [d, h, k]) or
-    'out' ([d, h*k] -> [h, k, d]). `vocab_axis`: our axis indexing tokens, whose rows beyond `hf_shape`'s vocab
-    are fresh. `scale` multiplies the values (d_model**-0.5 for an output layer whose input HF scales).
+    layout: 'copy' (same layout), 'transpose' (2-D, ours = hf.T), 'qkv' ([h*k, d] -> [d, h, k]), 'out'
+    ([d, h*k] -> [h, k, d]) or 'heads' (a projection's bias, [h*k] -> [h, k]). `vocab_axis`: our axis indexing
+    tokens, whose rows beyond `hf_shape`'s vocab are fresh. `scale` multiplies the values (d_model**-0.5 for an
+    output layer whose input HF scales).
     """
     name: str
     layout: str
@@ -555,6 +568,10 @@ def _read_block(ckpt: SafetensorsCheckpoint, source: TensorSource, bounds: Seque
         return ckpt.read(source.name, tuple(s))
     if source.layout == "transpose":
         return ckpt.read(source.name, (s[1], s[0])).T
+    if source.layout == "heads":  # hf [h*k] -> ours [h, k].
+        (h0, h1), _ = bounds
+        k = source.shape[1]
+        return ckpt.read(source.name, (slice(h0 * k, h1 * k),)).reshape(h1 - h0, k)[:, s[1]]
     k = source.shape[2] if source.layout == "qkv" else source.shape[1]
     if source.layout == "qkv":  # hf [h*k, d] -> ours [d, h, k]; rows h*k are heads-major.
         (d0, d1), (h0, h1), _ = bounds
@@ -607,6 +624,13 @@ def _host_slice_fn(ckpt: SafetensorsCheckpoint, source: TensorSource, dtype: np.
         return cache[key]
 
     return host_slice
+
+
+def sharded_tensor(ckpt: SafetensorsCheckpoint, source: TensorSource, *, sharding: Sharding,
+                   dtype: Any) -> jax.Array:
+    """One parameter in our layout on `sharding`, each device reading only its own block of the HF tensor."""
+    dtype = np.dtype(dtype)
+    return jax.make_array_from_callback(source.shape, sharding, _host_slice_fn(ckpt, source, dtype), dtype=dtype)
 
 
 def _fresh_value(path: str, fresh: Any, sharding: Sharding) -> jax.Array:
@@ -745,9 +769,7 @@ def load_pretrained_params(*, checkpoint_dir: PathLike, config: network.T5Config
                 out.append(_fresh_value(path, leaf, sharding))
                 counts["fresh"] += 1
                 continue
-            dtype = np.dtype(leaf.dtype)
-            value: jax.Array = jax.make_array_from_callback(source.shape, sharding,
-                                                            _host_slice_fn(ckpt, source, dtype), dtype=dtype)
+            value = sharded_tensor(ckpt, source, sharding=sharding, dtype=leaf.dtype)
             if (source.vocab_axis is not None and source.pretrained_rows is not None  # both or neither
                     and source.shape[source.vocab_axis] > source.pretrained_rows):
                 value = mix_vocabulary_rows(source=value, fresh=_fresh_value(path, leaf, sharding),
