@@ -27,10 +27,10 @@ from gr_jax.family import BuiltRun, ModelFamily, TrainingData
 from gr_jax.heads import OutputHead, StandardHead
 from gr_jax.models import EncoderDecoderModel
 from gr_jax.retrievers import ParametricRetriever
-from gr_jax.retrievers.generative import GenerativeRetriever
+from gr_jax.retrievers.generative import DocidGenerator, GenerativeRetriever
 from gr_jax.retrievers.settings import RetrievalSettings
 from gr_jax.run_dir import RunDir
-from gr_jax.trainer import TrainState
+from gr_jax.trainer import TrainableModel, TrainState
 from gr_jax.vocabulary import load_vocabulary, vocabulary_file
 
 logger = logging.getLogger(__name__)
@@ -178,15 +178,23 @@ def build_model(*, config: network.T5Config, model_vocab_size: int, loss: losses
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Experiment(ModelFamily):
-    """A generative run: `network_config` and `loss` trained on `dataset` (the training setup: `ModelFamily`)."""
+class GenerativeFamily(ModelFamily):
+    """A family whose model generates docids from the seqio tasks' examples (its run is a `Built`): the run's data,
+    the training objective and where its parameters start. The encoder-decoder `Experiment` and the decoder-only
+    family (`gr_jax.decoder_only.experiment`)."""
     dataset: RunData
-    network_config: network.T5Config
     loss: losses.Loss = losses.TokenCrossEntropy()
-    head: OutputHead = StandardHead()  # the output head and its settings (gin: HEAD, gin_configs/decoders/*.gin)
     # A Hugging Face T5.1.1 dir (config.json + safetensors), as the study, or a gr_jax model dir (e.g. continued
     # span-corruption pretraining on the corpus, see gr_jax.warm_start): the run's parameters start from it.
     init_checkpoint: Optional[str] = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Experiment(GenerativeFamily):
+    """A generative encoder-decoder run: `network_config` and `loss` trained on `dataset` (the training setup:
+    `ModelFamily`)."""
+    network_config: network.T5Config
+    head: OutputHead = StandardHead()  # the output head and its settings (gin: HEAD, gin_configs/decoders/*.gin)
     # A pretrained tower (gin: ENCODER_TOWER, gin_configs/encoders/minilm.gin) as the encoder instead of T5.1.1's,
     # its states bridged to the decoder (`gr_jax.tower_encoder`); the inputs are then tokenised as the tower's.
     # train_encoder_tower=False: the tower stays as loaded (no gradient, its updates zeroed).
@@ -225,11 +233,25 @@ class Experiment(ModelFamily):
                      trainer=trainer, checkpointer=checkpointer)
 
 
+class GenerativeModel(TrainableModel, DocidGenerator, Protocol):
+    """A generative run's model: trained on the seqio tasks' features, decoding docids. The encoder-decoder
+    (`EncoderDecoderModel`) and the decoder-only family's (`gr_jax.decoder_only.model.DecoderOnlyModel`)."""
+
+    @property
+    def encoder_tower(self) -> Optional[Tower]: ...
+
+    @property
+    def frozen_parameters(self) -> Optional[str]: ...
+
+    def pretrained_params(self, *, abstract: Any) -> Any: ...
+
+
 @dataclasses.dataclass(kw_only=True)
 class Built(BuiltRun):
-    """A generative Experiment's live objects."""
-    experiment: Experiment
-    model: EncoderDecoderModel
+    """A generative run's live objects (the encoder-decoder `Experiment`'s, and other families' whose model is a
+    `GenerativeModel` over the same tasks)."""
+    experiment: GenerativeFamily
+    model: GenerativeModel
     vocabulary: Any
     docid_space: Optional[DocidSpace]
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Sequence
-from typing import Any, Optional
+from typing import Any, Optional, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -33,8 +33,8 @@ import tqdm
 from jax.sharding import Mesh
 
 from gr_jax import partitioning
+from gr_jax.decoding import BeamSearchResult, SequenceScores
 from gr_jax.docids import DocidSpace, Trie
-from gr_jax.models import EncoderDecoderModel
 from gr_jax.retrievers import Ranking
 from gr_jax.vocabulary import EOS_ID, encode_inputs
 
@@ -55,6 +55,20 @@ def invalid_output_name(tokens: np.ndarray) -> str:
     return INVALID_PREFIX + "-".join(map(str, content.tolist())) + (">" if eos.size else "...>")
 
 
+class DocidGenerator(Protocol):
+    """What the retriever decodes with: an encoder-decoder (`gr_jax.models.EncoderDecoderModel`) or a decoder-only
+    model (`gr_jax.decoder_only.model.DecoderOnlyModel`), each from its query tokens [batch, input_length]."""
+
+    @property
+    def logits_vocab_size(self) -> int: ...
+
+    def predict_batch(self, params: Any, encoder_input_tokens: jax.Array, *, num_beams: int, max_decode_len: int,
+                      trie: Optional[Trie] = None, length_penalty: float = 0.0) -> BeamSearchResult: ...
+
+    def score_docids(self, params: Any, encoder_input_tokens: jax.Array, sequences: jax.Array, *,
+                     trie: Trie) -> SequenceScores: ...
+
+
 class GenerativeRetriever:
     """params + model + DocidSpace as a `gr_jax.retrievers.Retriever`.
 
@@ -63,7 +77,7 @@ class GenerativeRetriever:
     constrained: decode through the docid trie (only docids can come out).
     """
 
-    def __init__(self, *, model: EncoderDecoderModel, params: Any, docid_space: DocidSpace, vocabulary: Any,
+    def __init__(self, *, model: DocidGenerator, params: Any, docid_space: DocidSpace, vocabulary: Any,
                  input_length: int, mesh: Mesh, param_shardings: Any, batch_size: int = 32,
                  num_beams: Optional[int] = None, constrained: bool = True,
                  rules: partitioning.LogicalAxisRules = partitioning.LOGICAL_AXIS_RULES,

@@ -1,0 +1,135 @@
+"""A decoder-only network as a generative retriever: the query as the prompt, the docid tokens after it.
+
+Why: the follow-up papers run DSI-style retrieval on decoder-only LMs. The examples are the generative family's own
+(the seqio tasks' `encoder_input_tokens`, `decoder_input_tokens`, `decoder_target_tokens`): one sequence is the
+query's block [input_length] (right-padded) followed by the decoder's inputs [target_length] (the start token PAD,
+then the docid's tokens), its pads masked from attention and skipped by the rotary positions, so every docid token
+sits right after its query's last token. The loss reads the logits at the decoder positions only (`losses.Outputs`,
+so the generative losses apply unchanged: token cross-entropy, SToICaL's item weights and soft trie targets).
+
+Decoding prefills each query's block once, then runs `gr_jax.decoding`'s (trie-constrained) beam search over
+`decode_step`, the slots after the block holding the docid tokens: the same sequence training saw.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, Optional, cast
+
+import jax
+import jax.numpy as jnp
+
+from gr_jax import decoding
+from gr_jax import losses
+from gr_jax.data.features import SOFT_TARGET_MASS, SOFT_TARGET_TOKENS
+from gr_jax.decoder_only.network import DecoderOnlyConfig, DecoderOnlyTransformer, KVCache, left_padded_positions
+from gr_jax.docids.trie import Trie
+from gr_jax.network import Array
+from gr_jax.vocabulary import PAD_ID
+
+Batch = Mapping[str, Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class DecoderOnlyModel:
+    """config: the network's (vocab_size set: the text's pieces and the docid tokens); loss: as the generative
+    family's (`gr_jax.losses`)."""
+    config: DecoderOnlyConfig
+    loss: losses.Loss = losses.TokenCrossEntropy()
+
+    # What a generative run asks of its model beyond training and decoding: no pretrained tower, nothing frozen.
+    encoder_tower = None
+    frozen_parameters: Optional[str] = None
+
+    @property
+    def module(self) -> DecoderOnlyTransformer:
+        return DecoderOnlyTransformer(self.config)
+
+    @property
+    def logits_vocab_size(self) -> int:
+        """Size of the decoded token space: decode_step's logits, the trie's vocabulary."""
+        return self.config.vocab
+
+    def pretrained_params(self, *, abstract: Any) -> None:
+        del abstract
+        return None
+
+    def init(self, rng: Array, *, input_length: int, target_length: int) -> Mapping[str, Any]:
+        """Boxed variables for a query block of `input_length` and `target_length` docid positions."""
+        tokens = jnp.ones((1, input_length + target_length), jnp.int32)
+        return self.module.init({"params": rng, "dropout": rng}, tokens)
+
+    # --- Training -------------------------------------------------------------------------------------------
+
+    def outputs(self, params: Any, batch: Batch, dropout_rng: Optional[Array]) -> losses.Outputs:
+        """One teacher-forced pass over [query block, decoder inputs]: the logits of the decoder positions."""
+        inputs, targets = batch["encoder_input_tokens"], batch["decoder_target_tokens"]
+        tokens = jnp.concatenate([inputs, batch["decoder_input_tokens"]], axis=1)
+        valid = jnp.concatenate([inputs != PAD_ID, targets != PAD_ID], axis=1)
+        rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
+        logits = cast(Array, self.module.apply({"params": params}, tokens, positions=left_padded_positions(valid),
+                                               valid=valid, enable_dropout=dropout_rng is not None, rngs=rngs))
+        weights = batch.get("decoder_loss_weights")
+        weights = (targets > 0 if weights is None else weights).astype(jnp.float32)
+        soft_columns = soft_mass = None
+        if SOFT_TARGET_TOKENS in batch:
+            soft_columns = batch[SOFT_TARGET_TOKENS]
+            soft_mass = batch[SOFT_TARGET_MASS].astype(jnp.float32)
+        return losses.Outputs(logits=logits[:, inputs.shape[1]:], states=None, columns=targets, weights=weights,
+                              invalid=jnp.zeros(targets.shape, bool), soft_columns=soft_columns, soft_mass=soft_mass)
+
+    def loss_fn(self, params: Any, batch: Batch, dropout_rng: Optional[Array]) -> tuple[Array, Mapping[str, Any]]:
+        """(summed loss, metrics) of `loss` over `loss.num_passes` passes (one without dropout)."""
+        if dropout_rng is None:
+            passes = [self.outputs(params, batch, None)]
+        else:
+            keys = [dropout_rng] if self.loss.num_passes == 1 else jax.random.split(dropout_rng, self.loss.num_passes)
+            passes = [self.outputs(params, batch, key) for key in keys]
+        return self.loss(passes)
+
+    # --- Decoding -------------------------------------------------------------------------------------------
+
+    def _prefilled(self, params: Any, encoder_input_tokens: Array, *, rows_per_query: int,
+                   max_decode_len: int) -> tuple[KVCache, Array]:
+        """The query blocks [batch, L] run once, each repeated for its `rows_per_query` rows: (the cache with
+        `max_decode_len` free slots after the block, each row's number of query tokens int32[rows])."""
+        valid = encoder_input_tokens != PAD_ID
+        _, cache = self.module.apply({"params": params}, encoder_input_tokens, positions=left_padded_positions(valid),
+                                     valid=valid, max_len=encoder_input_tokens.shape[1] + max_decode_len,
+                                     method=DecoderOnlyTransformer.prefill)
+        cache = jax.tree.map(lambda leaf: jnp.repeat(leaf, rows_per_query, axis=0), cache)
+        return cache, jnp.repeat(jnp.sum(valid, axis=1, dtype=jnp.int32), rows_per_query)
+
+    def _step_fn(self, params: Any, *, block: int, query_tokens: Array) -> decoding.StepFn:
+        """`decoding`'s step: decoder position p is cache slot block + p, rotary position query_tokens + p."""
+        def step_fn(tokens, position, cache):
+            return self.module.apply({"params": params}, tokens, positions=query_tokens + position,
+                                     index=block + position, cache=cache, method=DecoderOnlyTransformer.decode_step)
+        return step_fn
+
+    def predict_batch(self, params: Any, encoder_input_tokens: Array, *, num_beams: int, max_decode_len: int,
+                      trie: Optional[Trie] = None, length_penalty: float = 0.0) -> decoding.BeamSearchResult:
+        """The `num_beams` best docid sequences per query [batch, beams, max_decode_len] and their scores, best first
+        (`gr_jax.decoding.beam_search`; with `trie`, valid docids only, scored by their exact log-likelihoods)."""
+        batch = encoder_input_tokens.shape[0]
+        cache, query_tokens = self._prefilled(params, encoder_input_tokens, rows_per_query=num_beams,
+                                              max_decode_len=max_decode_len)
+        step_fn = self._step_fn(params, block=encoder_input_tokens.shape[1], query_tokens=query_tokens)
+        return decoding.beam_search(step_fn=step_fn, cache=cache, batch_size=batch, num_beams=num_beams,
+                                    max_decode_len=max_decode_len, trie=trie, length_penalty=length_penalty)
+
+    def score_docids(self, params: Any, encoder_input_tokens: Array, sequences: Array, *,
+                     trie: Trie) -> decoding.SequenceScores:
+        """Log-likelihoods of one docid sequence int32[batch, length] per query, decoded step by step as the search
+        decodes it (`decoding.score_sequences`)."""
+        cache, query_tokens = self._prefilled(params, encoder_input_tokens, rows_per_query=1,
+                                              max_decode_len=sequences.shape[1])
+        step_fn = self._step_fn(params, block=encoder_input_tokens.shape[1], query_tokens=query_tokens)
+        return decoding.score_sequences(step_fn=step_fn, cache=cache, sequences=sequences, trie=trie)
+
+    def score_batch(self, params: Any, batch: Batch) -> Array:
+        """Teacher-forced log-likelihood of decoder_target_tokens: float32[batch]."""
+        outputs = self.outputs(params, batch, None)
+        log_probs = jax.nn.log_softmax(outputs.logits, axis=-1)
+        token = jnp.take_along_axis(log_probs, outputs.columns[..., None], axis=-1)[..., 0]
+        return jnp.sum(token * outputs.weights, axis=-1)

@@ -1,0 +1,119 @@
+"""The decoder-only family as a generative retriever (gr_jax.decoder_only.model, .experiment): the loss over the
+query block and the docid tokens equals the loss of each example written as one unpadded sequence; the constrained
+beam search ranks every docid as brute-force scoring does; a micro run trains and evaluates through the entry
+point; the Qwen3-0.6B size file has the published parameter counts."""
+import json
+
+import flax.linen as nn
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gr_jax import gin_utils
+from gr_jax.decoder_only.model import DecoderOnlyModel
+from gr_jax.decoder_only.network import DecoderOnlyConfig, DecoderOnlyTransformer
+from gr_jax.docids.trie import Trie
+from gr_jax.vocabulary import EOS_ID
+
+CONFIG = DecoderOnlyConfig(vocab_size=40, emb_dim=16, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=4,
+                           mlp_dim=32, qk_norm=True)
+# Two queries right-padded in a block of 6, docids of up to 3 tokens + EOS, targets padded to 5.
+QUERIES = np.array([[7, 8, 9, EOS_ID, 0, 0], [11, 12, 13, 14, 15, EOS_ID]], np.int32)
+TARGETS = np.array([[21, 22, EOS_ID, 0, 0], [23, 24, 25, EOS_ID, 0]], np.int32)
+
+
+@pytest.fixture(scope="module")
+def model_and_params():
+    model = DecoderOnlyModel(config=CONFIG)
+    params = nn.unbox(model.init(jax.random.PRNGKey(3), input_length=6, target_length=5)["params"])
+    # Larger weights than the initialiser's, so the docids' scores differ well beyond rounding.
+    params = jax.tree.map(lambda p: p * 3.0, params)
+    return model, params
+
+
+def _batch(queries, targets):
+    return {"encoder_input_tokens": jnp.asarray(queries), "decoder_target_tokens": jnp.asarray(targets),
+            "decoder_input_tokens": jnp.pad(jnp.asarray(targets)[:, :-1], ((0, 0), (1, 0)))}
+
+
+_forward = jax.jit(lambda params, tokens: DecoderOnlyTransformer(CONFIG).apply({"params": params}, tokens))
+
+
+def _unpadded_log_likelihood(params, query, target):
+    """log p(target | query) with the example as one unpadded sequence [query tokens, 0, target tokens but the
+    last], positions 0..n-1: what the padded block must compute."""
+    query, target = [int(t) for t in query if t], [int(t) for t in target if t]
+    tokens = jnp.asarray([query + [0] + target[:-1]], jnp.int32)
+    logits = _forward(params, tokens)[0, len(query):]
+    log_probs = jax.nn.log_softmax(logits, axis=-1)
+    return float(sum(log_probs[i, token] for i, token in enumerate(target)))
+
+
+def test_the_loss_reads_the_docid_tokens_after_each_querys_own_tokens(model_and_params):
+    model, params = model_and_params
+    batch = _batch(QUERIES, TARGETS)
+    expected = [_unpadded_log_likelihood(params, q, t) for q, t in zip(QUERIES, TARGETS)]
+    np.testing.assert_allclose(np.asarray(model.score_batch(params, batch)), expected, rtol=1e-5)
+    loss, metrics = model.loss_fn(params, batch, None)
+    # The summed loss is the targets' negative log-likelihood plus t5x's z-loss, over the 7 docid tokens.
+    np.testing.assert_allclose(float(loss) - float(metrics["z_loss"].total), -sum(expected), rtol=1e-5)
+    assert float(metrics["loss"].count) == (TARGETS > 0).sum() == 7
+
+
+def test_constrained_beam_search_ranks_every_docid_as_brute_force(model_and_params):
+    model, params = model_and_params
+    rng = np.random.default_rng(0)
+    docids = {tuple(rng.integers(20, 30, size=rng.integers(1, 4)).tolist()) for _ in range(40)}
+    rows = np.zeros((len(docids), 4), np.int32)
+    for i, docid in enumerate(sorted(docids)):
+        rows[i, :len(docid) + 1] = [*docid, EOS_ID]
+    trie = Trie.build(rows, vocab_size=CONFIG.vocab_size, sparse_fanout=4)
+    beams = len(rows)  # all 38 docids: the search must return them all, ranked
+    assert beams == 38
+    result = jax.jit(lambda p, q: model.predict_batch(p, q, num_beams=beams, max_decode_len=4, trie=trie))(
+        params, jnp.asarray(QUERIES))
+    for query in range(len(QUERIES)):
+        brute = [_unpadded_log_likelihood(params, QUERIES[query], row) for row in rows]
+        order = np.argsort(brute)[::-1]
+        found = [tuple(seq) for seq in np.asarray(result.sequences[query])]
+        assert sorted(found) == sorted(tuple(row) for row in rows)
+        np.testing.assert_allclose(np.asarray(result.scores[query]), np.asarray(brute)[order], rtol=1e-4, atol=1e-5)
+    top = model.score_docids(params, jnp.asarray(QUERIES), result.sequences[:, 0], trie=trie)
+    np.testing.assert_allclose(np.asarray(top.log_probs), np.asarray(result.scores[:, 0]), rtol=1e-5)
+
+
+def test_a_micro_run_trains_and_evaluates_through_the_entry_point(spm_data_dir, tmp_path):
+    from gr_jax import train as train_main
+    model_dir = tmp_path / "run"
+    gin.clear_config()
+    try:
+        train_main.main(["--gin_file=decoder_only/train.gin", "--gin_file=decoder_only/micro.gin",
+                         f"--gin.DATA_DIR='{spm_data_dir}'", f"--gin.MODEL_DIR='{model_dir}'",
+                         "--gin.DATASET_NAME='decoder_only'", "--gin.DOCID_SCHEME='naive'", "--gin.TRAIN_STEPS=3",
+                         "--gin.INPUT_LENGTH=16", "--gin.TARGET_LENGTH=12", "--gin.BATCH_SIZE=8",
+                         "--gin.WARMUP_STEPS=0", "--gin.training.EvalConfig.num_beams=4",
+                         "--gin.training.EvalConfig.batch_size=8"])
+    finally:
+        gin.clear_config()
+    metrics = json.loads((model_dir / "final_metrics.json").read_text())
+    assert metrics["eval/num_queries"] == 4 and 0.0 <= metrics["eval/MRR@10"] <= 1.0
+    assert metrics["eval/invalid_docid_rate"] == 0  # constrained: only docids come out
+    assert np.isfinite(metrics["train/loss"]) and metrics["train/loss"] > 0
+    assert "DecoderOnlyExperiment()" in (model_dir / "config.gin").read_text()
+
+
+def test_qwen3_0_6b_size_file_has_the_published_parameter_counts():
+    gin.clear_config()
+    try:
+        gin_utils.parse_gin(gin_files=["decoder_only/qwen3_0_6b.gin"], bindings=[])
+        from gr_jax.decoder_only import network
+        config = gin.get_configurable(network.DecoderOnlyConfig)(vocab_size=151936)
+    finally:
+        gin.clear_config()
+    # Qwen/Qwen3-0.6B's model card: 0.6B parameters, 0.44B of them non-embedding (embeddings tied).
+    assert config.non_embedding_params() == 440_467_456
+    assert config.non_embedding_params() + 151936 * 1024 == 596_049_920
+    shapes = jax.eval_shape(DecoderOnlyTransformer(config).init, jax.random.PRNGKey(0), jnp.zeros((1, 2), jnp.int32))
+    assert sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nn.unbox(shapes))) == 596_049_920
