@@ -24,6 +24,7 @@ from gr_jax.run_dir import RunDir
 
 if TYPE_CHECKING:
     from gr_jax import network
+    from gr_jax.decoder_only.network import DecoderOnlyConfig
     from gr_jax.heads import OutputHead
 
 GIN_CONFIGS_DIR = pathlib.Path(__file__).resolve().parent.parent / "gin_configs"
@@ -251,6 +252,33 @@ def t5_config_and_head(gin_files: Sequence[str], *, bindings: Sequence[str] = ()
         except ValueError:  # no HEAD bound
             head = StandardHead()
         return config, head
+    finally:
+        gin.clear_config()
+
+
+def binds_decoder_only(gin_files: Sequence[str], *, bindings: Sequence[str] = ()) -> bool:
+    """Whether the files configure the decoder-only family's network (a size file of gin_configs/decoder_only/)."""
+    gin.clear_config()
+    try:
+        parse_gin(gin_files=gin_files, bindings=bindings)
+        try:
+            gin.query_parameter("DecoderOnlyConfig.emb_dim")
+        except ValueError:  # not bound (or the configurable not registered: no file imports it)
+            return False
+        return True
+    finally:
+        gin.clear_config()
+
+
+def decoder_only_config(gin_files: Sequence[str], *, bindings: Sequence[str] = (),
+                        **overrides) -> "DecoderOnlyConfig":
+    """The decoder-only network's config the files bind, with `overrides`, for tools that build a model without an
+    experiment."""
+    from gr_jax.decoder_only import network
+    gin.clear_config()
+    try:
+        parse_gin(gin_files=gin_files, bindings=bindings)
+        return gin.get_configurable(network.DecoderOnlyConfig)(**overrides)
     finally:
         gin.clear_config()
 

@@ -21,7 +21,7 @@ def _plan(mesh_shape, rules_2d):
                             rules_2d=rules_2d)
 
 
-def _expected_argument_bytes(*, mesh_shape, rules_2d, batch, input_length, target_length):
+def _expected_argument_bytes(*, mesh_shape, rules_2d, batch, input_length, target_length, model=None):
     """Per-device bytes of the step's arguments, by hand: every train-state leaf's shard on one device, the
     batch's four int32 arrays split over 'data', and the replicated uint32[2] key; less Adafactor's float32[1]
     placeholders (the unused half of each factored or unfactored pair), which jit drops as unused inputs."""
@@ -29,7 +29,7 @@ def _expected_argument_bytes(*, mesh_shape, rules_2d, batch, input_length, targe
     from gr_jax.models import EncoderDecoderModel
     from gr_jax.trainer import Trainer
     rules = partitioning.LOGICAL_AXIS_RULES_2D if rules_2d else partitioning.LOGICAL_AXIS_RULES
-    trainer = Trainer(model=EncoderDecoderModel(config=MICRO),
+    trainer = Trainer(model=model or EncoderDecoderModel(config=MICRO),
                       optimizer=optimizers.make_optimizer(name="adafactor", learning_rate=1e-3),
                       mesh=partitioning.make_mesh(data=mesh_shape[0], model=mesh_shape[1]),
                       input_length=input_length, target_length=target_length, batch_size=batch, rules=rules)
@@ -52,6 +52,23 @@ def test_argument_bytes_are_the_sharded_state_batch_and_key(mesh_shape, rules_2d
     assert result["params"] == sum(math.prod(x.shape) for x in jax.tree.leaves(jax.eval_shape(
         lambda: network.Transformer(MICRO, head=StandardHead()).init(jax.random.PRNGKey(0), np.ones((1, 16), np.int32),
                                                 np.ones((1, 4), np.int32))["params"])))
+
+
+def test_a_decoder_only_step_is_planned_from_its_size_file():
+    """A decoder-only family's config plans its own train step (the query block and docid tokens in one sequence),
+    its argument bytes the sharded state, batch and key as for T5."""
+    from gr_jax import gin_utils
+    from gr_jax.decoder_only.model import DecoderOnlyModel
+    config = gin_utils.decoder_only_config(["decoder_only/micro.gin"], vocab_size=512)
+    assert gin_utils.binds_decoder_only(["decoder_only/micro.gin"])
+    assert not gin_utils.binds_decoder_only(["models/t5_1_1/tiny.gin"])
+    result = plan_memory.plan(config=config, mesh_shape=(4, 2), batch=8, input_length=16, target_length=4,
+                              rules_2d=True)
+    # Less the uint32[2] dropout key: the family trains without dropout, so jit drops the unused input.
+    assert result["argument_bytes"] == _expected_argument_bytes(mesh_shape=(4, 2), rules_2d=True, batch=8,
+                                                                input_length=16, target_length=4,
+                                                                model=DecoderOnlyModel(config=config)) - 8
+    assert result["params"] == config.non_embedding_params() + 512 * config.emb_dim  # tied embeddings
 
 
 def test_two_dimensional_rules_shard_the_state_further():

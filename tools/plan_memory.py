@@ -6,7 +6,8 @@
 
 `--mesh DxM` makes D x M CPU devices (XLA's `--xla_force_host_platform_device_count`, set before JAX starts) and the
 ('data', 'model') mesh over them; the train step (the project's `Trainer`, model and Adafactor, as a run builds
-them from the same gin) is lowered on abstract inputs and compiled, nothing is allocated. Prints one JSON line:
+them from the same gin; a size file of the decoder-only family, gin_configs/decoder_only/*.gin, plans that family's
+step) is lowered on abstract inputs and compiled, nothing is allocated. Prints one JSON line:
 XLA's `memory_analysis()` of the compiled step per device (arguments, outputs, temporaries, aliased donations,
 generated code) and their peak estimate (arguments + outputs + temporaries - aliased), the parameter count, and
 the compile time. `--rules 2d` shards parameters over both mesh axes (t5x's `parameter_partitioning_dims=2`:
@@ -35,19 +36,23 @@ def parse_mesh(text: str) -> tuple[int, int]:
 
 def plan(*, config, mesh_shape: tuple[int, int], batch: int, input_length: int, target_length: int,
          rules_2d: bool, head=None) -> dict:
-    """The memory analysis of one compiled train step of `config` with `head` (None: the standard head; see the
-    module docstring)."""
+    """The memory analysis of one compiled train step of `config` (a T5Config, with `head`, None: the standard head;
+    or a decoder-only family's DecoderOnlyConfig; see the module docstring)."""
     import jax
     import jax.numpy as jnp
 
     from gr_jax import optimizers, partitioning
+    from gr_jax.decoder_only.model import DecoderOnlyModel
+    from gr_jax.decoder_only.network import DecoderOnlyConfig
     from gr_jax.heads import StandardHead
     from gr_jax.models import EncoderDecoderModel
     from gr_jax.trainer import Trainer
 
     rules = partitioning.LOGICAL_AXIS_RULES_2D if rules_2d else partitioning.LOGICAL_AXIS_RULES
     mesh = partitioning.make_mesh(data=mesh_shape[0], model=mesh_shape[1])
-    trainer = Trainer(model=EncoderDecoderModel(config=config, head=head or StandardHead()),
+    model = (DecoderOnlyModel(config=config) if isinstance(config, DecoderOnlyConfig)
+             else EncoderDecoderModel(config=config, head=head or StandardHead()))
+    trainer = Trainer(model=model,
                       optimizer=optimizers.make_optimizer(name="adafactor", learning_rate=1e-3), mesh=mesh,
                       input_length=input_length, target_length=target_length, batch_size=batch, rules=rules)
     shapes = {"encoder_input_tokens": (batch, input_length), "decoder_target_tokens": (batch, target_length),
@@ -97,9 +102,12 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
             raise ValueError(f"JAX started with {jax.device_count()} devices before --mesh {args.mesh} could be "
                              "set: run the tool in a fresh process")
         _, gin_files, bindings = gin_utils.parse_args(gin_args, description="gin overrides")
-        config, head = gin_utils.t5_config_and_head([args.config, *gin_files], bindings=bindings,
-                                                    vocab_size=args.vocab, dtype=args.dtype,
-                                                    param_dtype=args.param_dtype)
+        numerics = dict(vocab_size=args.vocab, dtype=args.dtype, param_dtype=args.param_dtype)
+        if gin_utils.binds_decoder_only([args.config, *gin_files], bindings=bindings):
+            config, head = gin_utils.decoder_only_config([args.config, *gin_files], bindings=bindings,
+                                                         **numerics), None
+        else:
+            config, head = gin_utils.t5_config_and_head([args.config, *gin_files], bindings=bindings, **numerics)
         return plan(config=config, head=head, mesh_shape=mesh_shape, batch=args.batch,
                     input_length=args.input_length, target_length=args.target_length, rules_2d=args.rules == "2d")
 
