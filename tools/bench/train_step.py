@@ -22,7 +22,7 @@ from gr_jax import network
 from gr_jax import optimizers
 from gr_jax import partitioning
 from gr_jax.models import EncoderDecoderModel
-from gr_jax.trainer import Trainer
+from gr_jax.trainer import TrainableModel, Trainer
 
 
 def compiled_cost(compiled) -> dict:
@@ -54,14 +54,23 @@ def seconds(fn) -> float:
 
 def run(*, config: network.T5Config, batch: int, inputs: int, targets: int, steps: int, optimizer: str,
         probe_size: int, probe_dtype: str = "float32") -> dict:
-    model = EncoderDecoderModel(config=config)
+    """The T5.1.1 train step of `config` (`run_model`)."""
+    return run_model(model=EncoderDecoderModel(config=config), vocab_size=config.vocab_size, dtype=config.dtype,
+                     param_dtype=config.param_dtype, batch=batch, inputs=inputs, targets=targets, steps=steps,
+                     optimizer=optimizer, probe_size=probe_size, probe_dtype=probe_dtype)
+
+
+def run_model(*, model: TrainableModel, vocab_size: int, dtype: str, param_dtype: str, batch: int, inputs: int,
+              targets: int, steps: int, optimizer: str, probe_size: int, probe_dtype: str = "float32") -> dict:
+    """Times the train step of any model that reads the generative features (T5.1.1, the decoder-only family's)
+    on random tokens below `vocab_size`, alternately with the matmul probe; `dtype`, `param_dtype`: the model's,
+    as reported."""
     mesh = partitioning.make_mesh(data=-1, model=1)
     lr = optimizers.warmup_constant(peak=1e-3, warmup_steps=100)
     trainer = Trainer(model=model, optimizer=optimizers.make_optimizer(name=optimizer, learning_rate=lr),
                       mesh=mesh, input_length=inputs, target_length=targets, batch_size=batch)
     state = trainer.init_state(jax.random.PRNGKey(0))
-    data = random_batch(np.random.default_rng(0), batch=batch, inputs=inputs, targets=targets,
-                        vocab=config.vocab_size)
+    data = random_batch(np.random.default_rng(0), batch=batch, inputs=inputs, targets=targets, vocab=vocab_size)
     rng = jax.random.PRNGKey(1)
     global_batch = partitioning.host_batch_to_global(data, mesh=mesh)
     step_cost = compiled_cost(trainer.lower_train_step(state, global_batch, rng).compile())
@@ -90,7 +99,7 @@ def run(*, config: network.T5Config, batch: int, inputs: int, targets: int, step
     return {
         "benchmark": "train_step",
         "params": trainer.param_count(),
-        "batch": batch, "inputs": inputs, "targets": targets, "dtype": config.dtype, "param_dtype": config.param_dtype,
+        "batch": batch, "inputs": inputs, "targets": targets, "dtype": dtype, "param_dtype": param_dtype,
         "optimizer": optimizer,
         "devices": jax.device_count(), "platform": jax.devices()[0].platform,
         "steps_per_s": 1.0 / step_s,
