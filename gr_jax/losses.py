@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Optional, Protocol
 
 import jax
@@ -64,6 +64,16 @@ class Loss(Protocol):
     num_passes: int
 
     def __call__(self, passes: Sequence[Outputs]) -> tuple[Array, dict[str, metrics_lib.AnyMetric]]: ...
+
+
+def loss_over_passes(loss: Loss, outputs: Callable[[Optional[Array]], Outputs],
+                     dropout_rng: Optional[Array]) -> tuple[Array, dict[str, metrics_lib.AnyMetric]]:
+    """`loss` of `loss.num_passes` teacher-forced passes, `outputs(key)` each with its own dropout key, or of one
+    pass without dropout (`outputs(None)`) when `dropout_rng` is None: any generative model's `loss_fn`."""
+    if dropout_rng is None:
+        return loss([outputs(None)])
+    keys = [dropout_rng] if loss.num_passes == 1 else list(jax.random.split(dropout_rng, loss.num_passes))
+    return loss([outputs(key) for key in keys])
 
 
 def cross_entropy_with_z_loss(logits: Array, targets: Array, *, z_loss: float) -> tuple[Array, Array]:

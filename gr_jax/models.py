@@ -110,12 +110,7 @@ class EncoderDecoderModel:
     def loss_fn(self, params, batch: Batch, dropout_rng: Optional[Array]) -> tuple[Array, dict]:
         """Returns (summed loss, its metrics: `gr_jax.metrics`): `loss.num_passes` passes with independent dropout
         keys, or one pass without dropout when `dropout_rng` is None."""
-        if dropout_rng is None:
-            passes = [self.outputs(params, batch, None)]
-        else:
-            keys = [dropout_rng] if self.loss.num_passes == 1 else jax.random.split(dropout_rng, self.loss.num_passes)
-            passes = [self.outputs(params, batch, key) for key in keys]
-        return self.loss(passes)
+        return losses.loss_over_passes(self.loss, lambda key: self.outputs(params, batch, key), dropout_rng)
 
     def _columns_and_weights(self, batch: Batch, *, length: int) -> tuple[Array, Array, Array]:
         """The logits' columns to score [batch, length] (int32), float32 loss weights and bool `invalid`

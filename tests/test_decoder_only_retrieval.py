@@ -56,6 +56,13 @@ def test_the_loss_reads_the_docid_tokens_after_each_querys_own_tokens(model_and_
     batch = _batch(QUERIES, TARGETS)
     expected = [_unpadded_log_likelihood(params, q, t) for q, t in zip(QUERIES, TARGETS)]
     np.testing.assert_allclose(np.asarray(model.score_batch(params, batch)), expected, rtol=1e-5)
+    # CGL's candidate scores: each query's two candidates, its own docid and the other's.
+    candidates = jnp.asarray(np.stack([TARGETS, TARGETS[::-1]], axis=1))
+    scores, scored = model.score_candidates(params, jnp.asarray(QUERIES), candidates)
+    np.testing.assert_allclose(np.asarray(scores[:, 0]), expected, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(scores[:, 1]), [_unpadded_log_likelihood(params, q, t) for q, t in
+                                                          zip(QUERIES, TARGETS[::-1])], rtol=1e-5)
+    np.testing.assert_array_equal(np.asarray(scored), [[3, 4], [4, 3]])
     loss, metrics = model.loss_fn(params, batch, None)
     # The summed loss is the targets' negative log-likelihood plus t5x's z-loss, over the 7 docid tokens.
     np.testing.assert_allclose(float(loss) - float(metrics["z_loss"].total), -sum(expected), rtol=1e-5)

@@ -80,12 +80,7 @@ class DecoderOnlyModel:
 
     def loss_fn(self, params: Any, batch: Batch, dropout_rng: Optional[Array]) -> tuple[Array, Mapping[str, Any]]:
         """(summed loss, metrics) of `loss` over `loss.num_passes` passes (one without dropout)."""
-        if dropout_rng is None:
-            passes = [self.outputs(params, batch, None)]
-        else:
-            keys = [dropout_rng] if self.loss.num_passes == 1 else jax.random.split(dropout_rng, self.loss.num_passes)
-            passes = [self.outputs(params, batch, key) for key in keys]
-        return self.loss(passes)
+        return losses.loss_over_passes(self.loss, lambda key: self.outputs(params, batch, key), dropout_rng)
 
     # --- Decoding -------------------------------------------------------------------------------------------
 
@@ -133,3 +128,15 @@ class DecoderOnlyModel:
         log_probs = jax.nn.log_softmax(outputs.logits, axis=-1)
         token = jnp.take_along_axis(log_probs, outputs.columns[..., None], axis=-1)[..., 0]
         return jnp.sum(token * outputs.weights, axis=-1)
+
+    def score_candidates(self, params: Any, encoder_input_tokens: Array,
+                         candidate_targets: Array) -> tuple[Array, Array]:
+        """Teacher-forced scores of C candidate docids per query (CGL, the ranking metrics: `gr_jax.candidates`):
+        encoder_input_tokens int32[B, L], candidate_targets int32[B, C, T] (EOS-terminated, 0-padded) ->
+        (log-likelihood float32[B, C], scored positions float32[B, C])."""
+        batch, candidates, length = candidate_targets.shape
+        targets = candidate_targets.reshape(batch * candidates, length)
+        flat = {"encoder_input_tokens": jnp.repeat(encoder_input_tokens, candidates, axis=0),
+                "decoder_target_tokens": targets, "decoder_input_tokens": jnp.pad(targets[:, :-1], ((0, 0), (1, 0)))}
+        scored = jnp.sum(targets > 0, axis=-1).astype(jnp.float32)
+        return self.score_batch(params, flat).reshape(batch, candidates), scored.reshape(batch, candidates)
