@@ -184,8 +184,9 @@ class GenerativeFamily(ModelFamily):
     family (`gr_jax.decoder_only.experiment`)."""
     dataset: RunData
     loss: losses.Loss = losses.TokenCrossEntropy()
-    # A Hugging Face T5.1.1 dir (config.json + safetensors), as the study, or a gr_jax model dir (e.g. continued
-    # span-corruption pretraining on the corpus, see gr_jax.warm_start): the run's parameters start from it.
+    # Where the run's parameters start: a gr_jax model dir (e.g. continued span-corruption pretraining on the
+    # corpus, see gr_jax.warm_start), or for the encoder-decoder a Hugging Face T5.1.1 dir (config.json +
+    # safetensors), as the study.
     init_checkpoint: Optional[str] = None
 
 
