@@ -37,9 +37,12 @@ _TRAIN_WITHOUT_TENSORFLOW = ("import sys\n"
 def _run(jobs: list[tuple[list[str], int]], *, cwd) -> None:
     """Runs the train entry point once per (arguments, CPU devices), concurrently."""
     def env(devices: int) -> dict[str, str]:
-        # LLVM at -O0, as in this process (conftest.py): compiling in five processes is most of this test.
-        flags = f"--xla_force_host_platform_device_count={devices} --xla_backend_optimization_level=0"
-        return {**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}
+        # This process's fast-compile flags (conftest.py: compiling in five processes is most of this test), with the
+        # job's own number of devices.
+        flags = [flag for flag in os.environ.get("XLA_FLAGS", "").split()
+                 if not flag.startswith("--xla_force_host_platform_device_count=")]
+        flags.append(f"--xla_force_host_platform_device_count={devices}")
+        return {**os.environ, "XLA_FLAGS": " ".join(flags), "JAX_PLATFORMS": "cpu"}
 
     procs = [subprocess.Popen([sys.executable, "-c", _TRAIN_WITHOUT_TENSORFLOW, *args], cwd=cwd, env=env(devices),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for args, devices in jobs]
