@@ -214,8 +214,8 @@ def stack_step(layers: Layers, x: Array, *, num_layers: int, position: Array, ca
             return (x, stacked), None
         (stacked,), (kv,) = cache, cross_kv
         (x, stacked), _ = scan_stack(body, layers, (x, stacked), num_layers=num_layers,
-                                xs=(kv, jnp.arange(num_layers, dtype=jnp.int32)),
-                                broadcast=(position, cross_mask, bias_row))
+                                     xs=(kv, jnp.arange(num_layers, dtype=jnp.int32)),
+                                     broadcast=(position, cross_mask, bias_row))
         return x, (stacked,)
     new_cache = []
     for layer, layer_cache, kv in zip(layers, cache, cross_kv):
@@ -282,6 +282,7 @@ class Dropout(nn.Module):
 class Numerics(Protocol):
     """What a layer reads of its network's config beyond its own dimensions: T5Config and the decoder-only
     family's config both are one."""
+
     @property
     def dtype(self) -> str: ...
 
@@ -402,6 +403,8 @@ class Attention(nn.Module):
 
 
 class MlpConfig(Numerics, Protocol):
+    """What the gated MLP reads of its network's config."""
+
     @property
     def emb_dim(self) -> int: ...
 
