@@ -125,7 +125,7 @@ class EncoderDecoderModel:
 
     def score_batch(self, params, batch: Batch) -> Array:
         """Teacher-forced log-likelihood of decoder_target_tokens: float32[batch] (atomic: log p(docid))."""
-        return _sequence_log_likelihood(self.outputs(params, batch, None))
+        return sequence_log_likelihood(self.outputs(params, batch, None))
 
     def score_candidates(self, params, encoder_input_tokens: Array, candidate_targets: Array) -> tuple[Array, Array]:
         """Teacher-forced scores of C candidate target sequences per query, each query encoded once.
@@ -145,7 +145,7 @@ class EncoderDecoderModel:
                                                method=network.Transformer.decode))
         columns, weights, invalid = self._columns_and_weights(flat, length=logits.shape[1])
         outputs = losses.Outputs(logits=logits, states=None, columns=columns, weights=weights, invalid=invalid)
-        return (_sequence_log_likelihood(outputs).reshape(batch, candidates),
+        return (sequence_log_likelihood(outputs).reshape(batch, candidates),
                 jnp.sum(weights > 0, axis=-1).astype(jnp.float32).reshape(batch, candidates))
 
     def _step_fn(self, params, context: network.DecodeContext):
@@ -205,7 +205,7 @@ class EncoderDecoderModel:
                                max_decode_len=max_decode_len, top_k=top_k, temperature=temperature, trie=trie)
 
 
-def _sequence_log_likelihood(outputs: losses.Outputs) -> Array:
+def sequence_log_likelihood(outputs: losses.Outputs) -> Array:
     """Sum over the weighted positions of log p(target column): float32[batch]; NaN where a target is invalid
     for the head."""
     log_p = jax.nn.log_softmax(outputs.logits)

@@ -24,6 +24,7 @@ from gr_jax import losses
 from gr_jax.data.features import SOFT_TARGET_MASS, SOFT_TARGET_TOKENS
 from gr_jax.decoder_only.network import DecoderOnlyConfig, DecoderOnlyTransformer, KVCache, left_padded_positions
 from gr_jax.docids.trie import Trie
+from gr_jax.models import sequence_log_likelihood
 from gr_jax.network import Array
 from gr_jax.vocabulary import PAD_ID
 
@@ -124,10 +125,7 @@ class DecoderOnlyModel:
 
     def score_batch(self, params: Any, batch: Batch) -> Array:
         """Teacher-forced log-likelihood of decoder_target_tokens: float32[batch]."""
-        outputs = self.outputs(params, batch, None)
-        log_probs = jax.nn.log_softmax(outputs.logits, axis=-1)
-        token = jnp.take_along_axis(log_probs, outputs.columns[..., None], axis=-1)[..., 0]
-        return jnp.sum(token * outputs.weights, axis=-1)
+        return sequence_log_likelihood(self.outputs(params, batch, None))
 
     def score_candidates(self, params: Any, encoder_input_tokens: Array,
                          candidate_targets: Array) -> tuple[Array, Array]:

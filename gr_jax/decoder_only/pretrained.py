@@ -33,9 +33,9 @@ from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
+from flax import traverse_util
 from jax.sharding import Sharding
 
-from gr_jax import partitioning
 from gr_jax.data.readers import DataFormatError
 from gr_jax.decoder_only.network import DecoderOnlyConfig, Llama3RopeScaling
 from gr_jax.pretrained import (
@@ -175,7 +175,7 @@ def load_params(*, checkpoint_dir: PathLike, config: DecoderOnlyConfig, sharding
                      if getattr(config, f.name) != getattr(hf.config, f.name)]
         raise ValueError(f"{hf.path} describes another network: fields {differing} differ")
     sources = tensor_sources(dataclasses.replace(config, scan_layers=False))
-    flat_shardings = _flat(shardings)
+    flat_shardings = traverse_util.flatten_dict(shardings, sep="/")
     wanted = {_unscanned_path(path, layer) for path in flat_shardings
               for layer in (range(config.num_layers) if config.scan_layers and path.startswith("layers/") else [None])}
     if wanted != set(sources):
@@ -204,7 +204,7 @@ def load_params(*, checkpoint_dir: PathLike, config: DecoderOnlyConfig, sharding
             else:
                 flat[path] = sharded_tensor(ckpt, sources[path], sharding=sharding, dtype=dtype)
     logger.info("loaded %s (%s): %d tensors", checkpoint_dir, hf.model_type, len(sources))
-    return _unflat(flat)
+    return traverse_util.unflatten_dict(flat, sep="/")
 
 
 def _numerics(config: DecoderOnlyConfig) -> dict[str, Any]:
@@ -226,19 +226,3 @@ def _drop_layer_axis(sharding: Sharding) -> Sharding:
     if not isinstance(sharding, jax.sharding.NamedSharding):
         raise ValueError(f"a scanned parameter's sharding must be a NamedSharding, got {sharding}")
     return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(*sharding.spec[1:]))
-
-
-def _flat(tree: Any) -> dict[str, Any]:
-    leaves = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: isinstance(x, Sharding))[0]
-    return {partitioning.path_str(path): leaf for path, leaf in leaves}
-
-
-def _unflat(flat: Mapping[str, Any]) -> dict[str, Any]:
-    tree: dict[str, Any] = {}
-    for path, leaf in flat.items():
-        node = tree
-        *parents, name = path.split("/")
-        for parent in parents:
-            node = node.setdefault(parent, {})
-        node[name] = leaf
-    return tree
