@@ -89,16 +89,15 @@ class ModelFamily(TrainingSetup, abc.ABC):
 
     def training_parts(self, model: TrainableModel, *, keep_checkpoints: int,
                        frozen: Optional[str] = None) -> RunParts:
-        """The mesh, trainer and checkpointer of any family's `model`: this setup's mesh, optimizer (whose updates
-        of the parameters whose path the regex `frozen` matches are zero: no update nor weight decay reaches
-        them), learning rate, batch and microbatches; inputs and targets of the dataset's lengths; checkpoints in
-        `model_dir/checkpoints`."""
+        """The mesh, trainer and checkpointer of any family's `model`: this setup's mesh, optimizer (the parameters
+        whose path the regex `frozen` matches are neither differentiated nor updated, and hold no optimizer state:
+        `Trainer(frozen=)`), learning rate, batch and microbatches; inputs and targets of the dataset's lengths;
+        checkpoints in `model_dir/checkpoints`."""
         mesh = partitioning.make_mesh(data=self.mesh_data, model=self.mesh_model)
-        factory = self.optimizer_factory if frozen is None else optimizers.frozen(self.optimizer_factory, frozen)
-        trainer = Trainer(model=model, optimizer=factory(learning_rate=self.learning_rate), mesh=mesh,
+        trainer = Trainer(model=model, optimizer=self.optimizer_factory(learning_rate=self.learning_rate), mesh=mesh,
                           input_length=self.dataset.input_length, target_length=self.dataset.target_length,
                           batch_size=self.batch_size, num_microbatches=self.num_microbatches,
-                          learning_rate_fn=self.learning_rate, rules=self.rules)
+                          learning_rate_fn=self.learning_rate, rules=self.rules, frozen=frozen)
         checkpointer = checkpoints.Checkpointer(RunDir.of(self.model_dir).checkpoints, max_to_keep=keep_checkpoints)
         return RunParts(mesh=mesh, trainer=trainer, checkpointer=checkpointer)
 

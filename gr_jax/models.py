@@ -47,10 +47,11 @@ class EncoderDecoderModel:
 
     @property
     def frozen_parameters(self) -> Optional[str]:
-        """A regex of the parameters no optimizer update may reach: the tower's when it is not trained, and the
-        head's own frozen ones (`OutputHead.frozen_param_pattern`)."""
+        """A regex of the parameters no optimizer update may reach: the tower's when it is not trained, the
+        head's own frozen ones (`OutputHead.frozen_param_pattern`), and with LoRA all but the adapters."""
         patterns = [*(["tower/.*"] if self.encoder_tower is not None and not self.train_encoder_tower else []),
-                    *filter(None, [self.head.frozen_param_pattern()])]
+                    *filter(None, [self.head.frozen_param_pattern()]),
+                    *([self.config.lora.frozen_pattern()] if self.config.lora is not None else [])]
         return "|".join(f"(?:{pattern})" for pattern in patterns) or None
 
     def pretrained_params(self, *, abstract: Mapping[str, Any]) -> dict[str, Any]:

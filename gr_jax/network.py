@@ -31,6 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
+from gr_jax import lora
+from gr_jax.lora import LoraConfig
 from gr_jax.vocabulary import PAD_ID
 
 Array = jax.Array
@@ -67,6 +69,8 @@ class T5Config:
     docs/performance.md). The outputs are the unscanned network's for the same parameters (`gr_jax.layer_layout`
     converts trees between the layouts); dropout masks differ, since the scan splits each layer's key. `remat`
     rematerialises each scanned layer.
+
+    `lora`: low-rank adapters beside every attention and MLP kernel (`gr_jax.lora`), the rest frozen.
     """
     vocab_size: Optional[int] = None
     emb_dim: int = 512
@@ -85,6 +89,7 @@ class T5Config:
     output_vocab_size: Optional[int] = None
     remat: bool = False
     scan_layers: bool = False
+    lora: Optional[LoraConfig] = None
 
     def __post_init__(self):
         if self.vocab_size is not None and self.vocab_size <= 0:
@@ -363,19 +368,27 @@ class Attention(nn.Module):
         self.key = logical_param(self, "key", fan_in_init(1), (d, h, k), (EMBED, HEADS, KV), cfg.param_dtype)
         self.value = logical_param(self, "value", fan_in_init(1), (d, h, k), (EMBED, HEADS, KV), cfg.param_dtype)
         self.out = logical_param(self, "out", fan_in_init(2), (h, k, d), (HEADS, KV, EMBED), cfg.param_dtype)
+        self.adapters = {
+            name: lora.adapter(self, name, lora=cfg.lora, shape=shape, axes=axes, in_axes=in_axes,
+                               dtype=cfg.param_dtype)
+            for name, shape, axes, in_axes in (("query", (d, h, k), (EMBED, HEADS, KV), 1),
+                                               ("key", (d, h, k), (EMBED, HEADS, KV), 1),
+                                               ("value", (d, h, k), (EMBED, HEADS, KV), 1),
+                                               ("out", (h, k, d), (HEADS, KV, EMBED), 2))}
         self.dropout = Dropout(cfg.dropout_rate, broadcast_dims=cfg.dropout_broadcast_dims)
 
-    def _project(self, kernel: Array, x: Array) -> Array:
-        dtype = self.config.dtype
-        y = jnp.einsum("...d,dhk->...hk", x.astype(dtype), kernel.astype(dtype))
+    def _project(self, name: str, x: Array) -> Array:
+        cfg, dtype = self.config, self.config.dtype
+        y = jnp.einsum("...d,dhk->...hk", x.astype(dtype), getattr(self, name).astype(dtype))
+        y = lora.add(y, lora.delta(x, self.adapters[name], lora=cfg.lora, in_axes=1, dtype=dtype))
         return nn.with_logical_constraint(y, (BATCH, LENGTH, HEADS, KV)[-y.ndim:] if y.ndim <= 4 else None)
 
     def project_kv(self, inputs_kv: Array) -> tuple[Array, Array]:
         """inputs_kv: [batch, k_len, embed] -> keys, values: [batch, k_len, heads, head_dim]."""
-        return self._project(self.key, inputs_kv), self._project(self.value, inputs_kv)
+        return self._project("key", inputs_kv), self._project("value", inputs_kv)
 
     def project_q(self, inputs_q: Array) -> Array:
-        return self._project(self.query, inputs_q)
+        return self._project("query", inputs_q)
 
     def attend(self, q: Array, k: Array, v: Array, *, mask: Optional[Array], bias: Optional[Array],
                deterministic: bool) -> Array:
@@ -394,6 +407,7 @@ class Attention(nn.Module):
     def output(self, y: Array) -> Array:
         dtype = self.config.dtype
         out = jnp.einsum("...hk,hkd->...d", y, self.out.astype(dtype))
+        out = lora.add(out, lora.delta(y, self.adapters["out"], lora=self.config.lora, in_axes=2, dtype=dtype))
         return nn.with_logical_constraint(out, (BATCH, LENGTH, EMBED))
 
     def __call__(self, inputs_q: Array, inputs_kv: Array, *, mask: Optional[Array], bias: Optional[Array],
@@ -420,6 +434,9 @@ class MlpConfig(Numerics, Protocol):
     @property
     def dropout_broadcast_dims(self) -> tuple[int, ...]: ...
 
+    @property
+    def lora(self) -> Optional[LoraConfig]: ...
+
 
 class Mlp(nn.Module):
     """Gated MLP: (act_0(x W_0) * act_1(x W_1)) W_out, T5.1.1's gated-GELU for ('gelu', 'linear'), Llama's SwiGLU
@@ -431,17 +448,24 @@ class Mlp(nn.Module):
         self.wi = [logical_param(self, f"wi_{i}", fan_in_init(1), (cfg.emb_dim, cfg.mlp_dim), (EMBED, MLP),
                           cfg.param_dtype) for i in range(len(cfg.mlp_activations))]
         self.wo = logical_param(self, "wo", fan_in_init(1), (cfg.mlp_dim, cfg.emb_dim), (MLP, EMBED), cfg.param_dtype)
+        self.wi_adapters = [lora.adapter(self, f"wi_{i}", lora=cfg.lora, shape=(cfg.emb_dim, cfg.mlp_dim),
+                                         axes=(EMBED, MLP), in_axes=1, dtype=cfg.param_dtype)
+                            for i in range(len(cfg.mlp_activations))]
+        self.wo_adapter = lora.adapter(self, "wo", lora=cfg.lora, shape=(cfg.mlp_dim, cfg.emb_dim), axes=(MLP, EMBED),
+                                       in_axes=1, dtype=cfg.param_dtype)
         self.dropout = Dropout(cfg.dropout_rate, broadcast_dims=cfg.dropout_broadcast_dims)
 
     def __call__(self, x: Array, *, deterministic: bool) -> Array:
         cfg = self.config
         h = None
-        for act, w in zip(cfg.mlp_activations, self.wi):
-            y = _activation(act)(jnp.einsum("...d,dm->...m", x, w.astype(cfg.dtype)))
+        for act, w, adapter in zip(cfg.mlp_activations, self.wi, self.wi_adapters):
+            y = jnp.einsum("...d,dm->...m", x, w.astype(cfg.dtype))
+            y = _activation(act)(lora.add(y, lora.delta(x, adapter, lora=cfg.lora, in_axes=1, dtype=cfg.dtype)))
             h = y if h is None else h * y
         h = nn.with_logical_constraint(h, (BATCH, LENGTH, MLP))
         h = self.dropout(h, deterministic=deterministic)
         out = jnp.einsum("...m,md->...d", h, self.wo.astype(cfg.dtype))
+        out = lora.add(out, lora.delta(h, self.wo_adapter, lora=cfg.lora, in_axes=1, dtype=cfg.dtype))
         return nn.with_logical_constraint(out, (BATCH, LENGTH, EMBED))
 
 

@@ -82,7 +82,7 @@ def decay_matrices_only(params: Any) -> Any:
 # layers) are split into one parameter per layer (`per_layer`), 'none' leaves the parameter unfactored.
 ADAFACTOR_FACTOR_RULES: Mapping[str, str] = {
     "embed": "row", "vocab": "column", "mlp": "column", "heads": "column", "kv_heads": "column", "kv": "column",
-    "relpos_buckets": "none", "layers": "batch"}
+    "relpos_buckets": "none", "layers": "batch", "lora_rank": "none"}
 FACTOR_DIMS = ("row", "column", "batch", "none")
 
 
@@ -341,13 +341,33 @@ def scale_by_param_rms(min_scale: float = 1e-3) -> optax.GradientTransformation:
     return optax.GradientTransformation(optax.init_empty_state, update)
 
 
-def frozen(factory: Callable[..., optax.GradientTransformation], pattern: str
-           ) -> Callable[..., optax.GradientTransformation]:
-    """`factory` (an optimizer factory, `make_optimizer`'s arguments) whose optimizers zero the updates of the
-    parameters whose path `pattern` fully matches (`scale_by_path`): no update, nor weight decay, reaches them."""
-    def make(**kwargs) -> optax.GradientTransformation:
-        return optax.chain(factory(**kwargs), scale_by_path({pattern: 0.0}))
-    return make
+def freeze(optimizer: optax.GradientTransformation, pattern: str) -> optax.GradientTransformation:
+    """`optimizer` for the parameters whose '/'-joined path `pattern` does not fully match; those it does match get
+    no update, no weight decay and no optimizer state (`optax.multi_transform` to `set_to_zero`): LoRA's frozen
+    base holds no state. A pattern that matches no parameter, or every parameter, is an error (`Trainer(frozen=)`
+    builds this and also skips their gradients)."""
+    return optax.multi_transform({"trained": optimizer, "frozen": optax.set_to_zero()},
+                                 lambda params: jax.tree.map(lambda trained: "trained" if trained else "frozen",
+                                                             trained_mask(params, pattern)))
+
+
+def trained_mask(params: Any, pattern: str) -> Any:
+    """bool per parameter (boxed or not): False where `pattern` fully matches its '/'-joined path. A pattern that
+    matches none or all of them is an error (a typo would silently train everything, or nothing)."""
+    compiled = re.compile(pattern)
+    names = jax.tree_util.tree_map_with_path(lambda path, _: path_name(path), params, is_leaf=_is_box)
+    leaves = jax.tree.leaves(names)
+    frozen_count = sum(1 for name in leaves if compiled.fullmatch(name))
+    if not frozen_count:
+        raise ValueError(f"frozen parameters {pattern!r} match no parameter (e.g. {leaves[:3]})")
+    if frozen_count == len(leaves):
+        raise ValueError(f"frozen parameters {pattern!r} match every parameter: nothing would train")
+    return jax.tree.map(lambda name: compiled.fullmatch(name) is None, names)
+
+
+def path_name(path) -> str:
+    """A parameter's '/'-joined path (`frozen` and `scale_by_path` match their regexes against it)."""
+    return "/".join(str(getattr(key, "key", getattr(key, "name", key))) for key in path)
 
 
 def scale_by_path(scales: Mapping[str, float]) -> optax.GradientTransformation:
@@ -359,15 +379,15 @@ def scale_by_path(scales: Mapping[str, float]) -> optax.GradientTransformation:
         if factor < 0:
             raise ValueError(f"learning-rate scale of {pattern.pattern!r} must be >= 0, got {factor}")
 
-    def name_of(path) -> str:
-        return "/".join(str(getattr(key, "key", getattr(key, "name", key))) for key in path)
-
     def factor_of(path) -> float:
-        name = name_of(path)
+        name = path_name(path)
         return next((factor for pattern, factor in patterns if pattern.fullmatch(name)), 1.0)
 
     def init(params):
-        names = [name_of(path) for path, _ in jax.tree_util.tree_leaves_with_path(params)]
+        # A frozen parameter (`freeze`: a MaskedNode here) still counts as matched: a scale for a tower that a run
+        # then freezes is moot, not a typo.
+        names = [path_name(path) for path, _ in jax.tree_util.tree_leaves_with_path(
+            params, is_leaf=lambda leaf: isinstance(leaf, optax.MaskedNode))]
         unused = [p.pattern for p, _ in patterns if not any(p.fullmatch(name) for name in names)]
         if unused:
             raise ValueError(f"learning_rate_scales patterns {unused} match no parameter (e.g. {names[:3]})")

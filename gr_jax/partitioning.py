@@ -64,6 +64,8 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, str | None], ...] = (
     # The stacked axis of scanned layers (T5Config.scan_layers): replicated, as t5x's rules; a scan step reads
     # one layer, which every device then holds its own shards of.
     ("layers", None),
+    # A LoRA adapter's rank (gr_jax.lora): small, replicated; its other axis is sharded as its kernel's.
+    ("lora_rank", None),
 )
 # t5x's 2-D fully sharded parameters: 'embed' over 'data' as well (parameters and optimizer state over both axes).
 LOGICAL_AXIS_RULES_2D: tuple[tuple[str, str | None], ...] = tuple(

@@ -28,8 +28,8 @@ Array = jax.Array
 
 class TowerEncoderTransformer(network.Transformer):
     """`network.Transformer` with `encoder_tower` (None: T5's own encoder) as its encoder. train_tower=False stops
-    gradients at the tower's states: no backward pass through it (its optimizer updates are the family's to zero,
-    `optimizers.frozen`)."""
+    gradients at the tower's states: no backward pass through it (the family freezes its parameters:
+    `Trainer(frozen=)`)."""
     encoder_tower: Optional[Tower] = None
     train_tower: bool = True
 

@@ -16,6 +16,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from gr_jax import metrics as metrics_lib
+from gr_jax import optimizers
 from gr_jax import partitioning
 from gr_jax.metrics import AnyMetric, LastValue
 
@@ -57,7 +58,7 @@ class Trainer:
     def __init__(self, *, model: TrainableModel, optimizer: optax.GradientTransformation, mesh: Mesh,
                  input_length: int, target_length: int, batch_size: int, num_microbatches: int = 1,
                  learning_rate_fn: Optional[Callable[[Array], Array]] = None,
-                 rules: Sequence[tuple[str, Any]] = partitioning.LOGICAL_AXIS_RULES):
+                 rules: Sequence[tuple[str, Any]] = partitioning.LOGICAL_AXIS_RULES, frozen: Optional[str] = None):
         if batch_size % num_microbatches:
             raise ValueError(f"batch_size {batch_size} is not divisible by num_microbatches {num_microbatches}")
         data_size = mesh.shape["data"]
@@ -65,7 +66,7 @@ class Trainer:
             raise ValueError(f"microbatch size {batch_size // num_microbatches} is not divisible by the "
                              f"'data' mesh axis ({data_size} devices)")
         self.model = model
-        self.optimizer = optimizer
+        self.optimizer = optimizer if frozen is None else optimizers.freeze(optimizer, frozen)
         self.mesh = mesh
         self.rules = tuple(rules)
         self.input_length = input_length
@@ -80,6 +81,8 @@ class Trainer:
         self.abstract_state = jax.tree.map(
             lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), partitioning.strip_boxes(abstract),
             self.state_shardings)
+        # bool per parameter: whether the step differentiates and updates it (all but `frozen`).
+        self._trained = None if frozen is None else optimizers.trained_mask(self.abstract_state.params, frozen)
         self.batch_sharding = partitioning.batch_sharding(mesh)
         self.replicated = NamedSharding(mesh, PartitionSpec())
         self._init = jax.jit(lambda rng: partitioning.strip_boxes(self._init_boxed(rng)),
@@ -129,13 +132,31 @@ class Trainer:
                 raise ValueError(f"given parameters {name!r} are not shaped as the model's {name!r} (e.g. {wrong}: "
                                  f"{got.get(wrong, 'absent')} given, {want.get(wrong, 'absent')} expected)")
 
-    def param_count(self) -> int:
-        return int(sum(np.prod(x.shape) for x in jax.tree.leaves(self.abstract_state.params)))
+    def param_count(self, *, trained_only: bool = False) -> int:
+        """The model's parameters; `trained_only`: those the step updates (all but `frozen`)."""
+        params = self._split(self.abstract_state.params)[0] if trained_only else self.abstract_state.params
+        return int(sum(np.prod(x.shape) for x in jax.tree.leaves(params)))
 
     # --- Steps ----------------------------------------------------------------------------------------------
 
+    def _split(self, params) -> tuple[Any, Any]:
+        """(the trained parameters, the frozen ones), each the full tree with None where the other's are."""
+        if self._trained is None:
+            return params, None
+        return (jax.tree.map(lambda trained, p: p if trained else None, self._trained, params),
+                jax.tree.map(lambda trained, p: None if trained else p, self._trained, params))
+
+    def _merge(self, trained: Any, frozen: Any) -> Any:
+        if self._trained is None:
+            return trained
+        return jax.tree.map(lambda is_trained, t, f: t if is_trained else f, self._trained, trained, frozen)
+
     def _grads(self, params, batch, dropout_rng):
-        grad_fn = jax.value_and_grad(self.model.loss_fn, has_aux=True)
+        """(gradients of the trained parameters: the tree with None at frozen ones, which are never
+        differentiated; metrics)."""
+        params, frozen = self._split(params)
+        grad_fn = jax.value_and_grad(lambda trained, *args: self.model.loss_fn(self._merge(trained, frozen), *args),
+                                     has_aux=True)
         if self.num_microbatches == 1:
             (_, metrics), grads = grad_fn(params, batch, dropout_rng)
             return grads, metrics
@@ -166,8 +187,11 @@ class Trainer:
         # Loss sums -> gradient of the mean loss per target token (per query) over the whole (accumulated) batch.
         count = jnp.maximum(metrics_lib.loss_count(metrics), 1.0)
         grads = jax.tree.map(lambda g: g / count, grads)
-        updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
+        trained, frozen = self._split(state.params)
+        # Frozen parameters: zero gradients for the optimizer (which gives them no update), then kept as they are.
+        updates, opt_state = self.optimizer.update(
+            self._merge(grads, jax.tree.map(jnp.zeros_like, frozen)), state.opt_state, state.params)
+        params = self._merge(optax.apply_updates(trained, self._split(updates)[0]), frozen)
         metrics = dict(metrics, grad_norm=LastValue(value=optax.tree.norm(grads)))
         if self.learning_rate_fn is not None:
             metrics["learning_rate"] = LastValue(value=self.learning_rate_fn(state.step))

@@ -161,6 +161,25 @@ def test_scanned_and_rematerialised_layers_compute_the_same_network():
                        positions=jnp.concatenate([positions, positions[:, -1:] + 1], 1),
                        valid=jnp.concatenate([valid, jnp.ones((2, 1), bool)], 1))
     np.testing.assert_allclose(np.asarray(step_logits), np.asarray(full[:, -1]), rtol=1e-5, atol=1e-5)
+    # The step writes one layer's slot into the rows-first cache: nothing transposes the whole cache.
+    step = jax.make_jaxpr(lambda cache: scanned.apply(
+        {"params": scanned_params}, ids[:, -1], positions=positions[:, -1] + 1, index=jnp.int32(ids.shape[1]),
+        cache=cache, method=DecoderOnlyTransformer.decode_step))(cache)
+    cache_shape = cache.keys[0].shape
+    transposed = [eqn for eqn in _equations(step.jaxpr) if eqn.primitive.name == "transpose"
+                  and any(sorted(getattr(v.aval, "shape", ())) == sorted(cache_shape) for v in eqn.outvars)]
+    assert not transposed, transposed
+
+
+def _equations(jaxpr):
+    """Every equation of a jaxpr, those of its sub-jaxprs (scan bodies, remat) included."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (list, tuple)) else (param,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    yield from _equations(inner)
 
 
 def test_parameters_are_sharded_by_their_logical_axes():

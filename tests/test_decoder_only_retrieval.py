@@ -41,10 +41,11 @@ def _batch(queries, targets):
 _forward = jax.jit(lambda params, tokens: DecoderOnlyTransformer(CONFIG).apply({"params": params}, tokens))
 
 
-def _unpadded_log_likelihood(params, query, target):
-    """log p(target | query) with the example as one unpadded sequence [query tokens, 0, target tokens but the
-    last], positions 0..n-1: what the padded block must compute."""
-    query, target = [int(t) for t in query if t], [int(t) for t in target if t]
+def _unpadded_log_likelihood(params, query, target, *, prefix=(), suffix=()):
+    """log p(target | query) with the example as one unpadded sequence [prefix, query tokens, suffix, 0, target
+    tokens but the last], positions 0..n-1: what the padded block must compute."""
+    query = [*prefix, *(int(t) for t in query if t), *suffix]
+    target = [int(t) for t in target if t]
     tokens = jnp.asarray([query + [0] + target[:-1]], jnp.int32)
     logits = _forward(params, tokens)[0, len(query):]
     log_probs = jax.nn.log_softmax(logits, axis=-1)
@@ -69,6 +70,31 @@ def test_the_loss_reads_the_docid_tokens_after_each_querys_own_tokens(model_and_
     assert float(metrics["loss"].count) == (TARGETS > 0).sum() == 7
 
 
+def test_a_prompt_template_wraps_every_query_in_training_scoring_and_decoding(model_and_params, spm_data_dir):
+    """prefix [5, 6] and suffix [4]: the loss, the candidates' scores and the decoded docid's score (prefill +
+    cached steps) are those of [5, 6, query, 4, docid] as one unpadded sequence."""
+    import dataclasses
+
+    from gr_jax.decoder_only.experiment import PromptTemplate
+    from gr_jax.vocabulary import load_vocabulary
+    _, params = model_and_params
+    model = DecoderOnlyModel(config=CONFIG, prompt_prefix=(5, 6), prompt_suffix=(4,))
+    expected = [_unpadded_log_likelihood(params, q, t, prefix=(5, 6), suffix=(4,)) for q, t in zip(QUERIES, TARGETS)]
+    np.testing.assert_allclose(np.asarray(model.score_batch(params, _batch(QUERIES, TARGETS))), expected, rtol=1e-5)
+    assert not np.allclose(expected, [_unpadded_log_likelihood(params, q, t) for q, t in zip(QUERIES, TARGETS)])
+    rows = np.zeros((2, 5), np.int32)
+    rows[:, :4] = [[21, 22, EOS_ID, 0], [23, 24, 25, EOS_ID]]
+    trie = Trie.build(rows, vocab_size=CONFIG.vocab_size, sparse_fanout=4)
+    decoded = model.score_docids(params, jnp.asarray(QUERIES), jnp.asarray(TARGETS), trie=trie)
+    np.testing.assert_allclose(np.asarray(decoded.log_probs), expected, rtol=1e-5)
+    # The template's text becomes the run vocabulary's pieces; text the vocabulary cannot encode is an error.
+    vocabulary = load_vocabulary(spm_data_dir)
+    prefix, suffix = PromptTemplate(prefix="query:", suffix="document").token_ids(vocabulary)
+    assert list(prefix) == list(vocabulary.encode("query:")) and vocabulary.decode(list(suffix)) == "document"
+    assert PromptTemplate().token_ids(vocabulary) == ((), ())
+    assert dataclasses.replace(model, prompt_prefix=()).prompt_block(jnp.asarray(QUERIES)).shape == (2, 7)
+
+
 def test_constrained_beam_search_ranks_every_docid_as_brute_force(model_and_params):
     model, params = model_and_params
     rng = np.random.default_rng(0)
@@ -91,12 +117,16 @@ def test_constrained_beam_search_ranks_every_docid_as_brute_force(model_and_para
     np.testing.assert_allclose(np.asarray(top.log_probs), np.asarray(result.scores[:, 0]), rtol=1e-5)
 
 
-def test_a_micro_run_trains_and_evaluates_through_the_entry_point(spm_data_dir, tmp_path):
+def test_a_micro_lora_run_with_a_prompt_trains_and_evaluates_through_the_entry_point(spm_data_dir, tmp_path):
+    """decoder_only/train.gin + micro.gin + lora.gin and a prompt template: 3 steps, a checkpoint, constrained
+    evaluation of the restored state on the merged network; the frozen base is as initialised."""
     from gr_jax import train as train_main
     model_dir = tmp_path / "run"
     gin.clear_config()
     try:
         train_main.main(["--gin_file=decoder_only/train.gin", "--gin_file=decoder_only/micro.gin",
+                         "--gin_file=decoder_only/lora.gin", "--gin.decoder_only_experiment.PromptTemplate.prefix="
+                         "'query:'", "--gin.decoder_only_experiment.PromptTemplate.suffix='document'",
                          f"--gin.DATA_DIR='{spm_data_dir}'", f"--gin.MODEL_DIR='{model_dir}'",
                          "--gin.DATASET_NAME='decoder_only'", "--gin.DOCID_SCHEME='naive'", "--gin.TRAIN_STEPS=3",
                          "--gin.INPUT_LENGTH=16", "--gin.TARGET_LENGTH=12", "--gin.BATCH_SIZE=8",
@@ -108,7 +138,21 @@ def test_a_micro_run_trains_and_evaluates_through_the_entry_point(spm_data_dir, 
     assert metrics["eval/num_queries"] == 4 and 0.0 <= metrics["eval/MRR@10"] <= 1.0
     assert metrics["eval/invalid_docid_rate"] == 0  # constrained: only docids come out
     assert np.isfinite(metrics["train/loss"]) and metrics["train/loss"] > 0
-    assert "DecoderOnlyExperiment()" in (model_dir / "config.gin").read_text()
+    config = (model_dir / "config.gin").read_text()
+    assert "DecoderOnlyExperiment()" in config and "prefix = 'query:'" in config and "rank = 16" in config
+    gin.clear_config()
+    try:
+        gin_utils.parse_gin(gin_files=[str(model_dir / "config.gin")], bindings=[])
+        built = gin.query_parameter("%EXPERIMENT").scoped_configurable_fn().build()
+    finally:
+        gin.clear_config()
+    assert built.model.prompt_prefix and built.model.config.lora.rank == 16
+    trained, _ = built.restore(3)
+    start = built.init_state()
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(start.params), jax.tree.leaves(trained.params)):
+        name = jax.tree_util.keystr(path)
+        if "_lora_" not in name and "token_embedder" not in name:
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=name)
 
 
 def test_qwen3_0_6b_size_file_has_the_published_parameter_counts():

@@ -26,7 +26,7 @@ LAYERS = {
              "gr_jax.ranking.metrics", "gr_jax.ranking.data",
              "gr_jax.gdr.clusters", "gr_jax.gdr.index", "gr_jax.dense.index", "gr_jax.dense.similarity",
              "gr_jax.scaling.laws"],
-    "model": ["gr_jax.network", "gr_jax.tower_encoder", "gr_jax.heads", "gr_jax.losses", "gr_jax.models",
+    "model": ["gr_jax.lora", "gr_jax.network", "gr_jax.tower_encoder", "gr_jax.heads", "gr_jax.losses", "gr_jax.models",
               "gr_jax.decoding", "gr_jax.layer_layout", "gr_jax.candidates", "gr_jax.pretrained", "gr_jax.dense.model",
               "gr_jax.dense.losses", "gr_jax.dense.towers", "gr_jax.dense.spectral", "gr_jax.gdr.model",
               "gr_jax.gdr.losses", "gr_jax.ranking.baselines"],

@@ -29,8 +29,9 @@ def _expected_argument_bytes(*, mesh_shape, rules_2d, batch, input_length, targe
     from gr_jax.models import EncoderDecoderModel
     from gr_jax.trainer import Trainer
     rules = partitioning.LOGICAL_AXIS_RULES_2D if rules_2d else partitioning.LOGICAL_AXIS_RULES
-    trainer = Trainer(model=model or EncoderDecoderModel(config=MICRO),
-                      optimizer=optimizers.make_optimizer(name="adafactor", learning_rate=1e-3),
+    model = model or EncoderDecoderModel(config=MICRO)
+    trainer = Trainer(model=model, optimizer=optimizers.make_optimizer(name="adafactor", learning_rate=1e-3),
+                      frozen=model.frozen_parameters,
                       mesh=partitioning.make_mesh(data=mesh_shape[0], model=mesh_shape[1]),
                       input_length=input_length, target_length=target_length, batch_size=batch, rules=rules)
     state = sum(math.prod(leaf.sharding.shard_shape(leaf.shape)) * np.dtype(leaf.dtype).itemsize
@@ -69,6 +70,25 @@ def test_a_decoder_only_step_is_planned_from_its_size_file():
                                                                 input_length=16, target_length=4,
                                                                 model=DecoderOnlyModel(config=config)) - 8
     assert result["params"] == config.non_embedding_params() + 512 * config.emb_dim  # tied embeddings
+
+
+def test_a_lora_plan_trains_the_adapters_and_embedding_and_keeps_no_state_for_the_base():
+    """decoder_only/lora.gin on micro: the trained parameters are the adapters (by hand, rank 16) and the tied
+    embedding; the step's arguments are the full fine-tune's less the base's optimizer state."""
+    from gr_jax import gin_utils
+    from gr_jax.decoder_only.model import DecoderOnlyModel
+    files = ["decoder_only/micro.gin", "decoder_only/lora.gin"]
+    config = gin_utils.decoder_only_config(files, vocab_size=512)
+    assert config.lora is not None and config.lora.rank == 16
+    result = plan_memory.plan(config=config, mesh_shape=(4, 2), batch=8, input_length=16, target_length=4,
+                              rules_2d=True)
+    d, h, g, k, m, r = 32, 4, 2, 8, 64, 16
+    per_layer = ((d + h * k) + 2 * (d + g * k) + (h * k + d) + 2 * (d + m) + (m + d)) * r
+    assert result["trained_params"] == 2 * per_layer + 512 * d
+    assert result["params"] == config.non_embedding_params() + 512 * d + 2 * per_layer
+    assert result["argument_bytes"] == _expected_argument_bytes(
+        mesh_shape=(4, 2), rules_2d=True, batch=8, input_length=16, target_length=4,
+        model=DecoderOnlyModel(config=config)) - 8
 
 
 def test_two_dimensional_rules_shard_the_state_further():

@@ -52,8 +52,9 @@ def plan(*, config, mesh_shape: tuple[int, int], batch: int, input_length: int, 
     mesh = partitioning.make_mesh(data=mesh_shape[0], model=mesh_shape[1])
     model = (DecoderOnlyModel(config=config) if isinstance(config, DecoderOnlyConfig)
              else EncoderDecoderModel(config=config, head=head or StandardHead()))
-    trainer = Trainer(model=model,
-                      optimizer=optimizers.make_optimizer(name="adafactor", learning_rate=1e-3), mesh=mesh,
+    # LoRA's base, a frozen tower: no gradient, no update, no optimizer state for those.
+    trainer = Trainer(model=model, optimizer=optimizers.make_optimizer(name="adafactor", learning_rate=1e-3),
+                      mesh=mesh, frozen=model.frozen_parameters,
                       input_length=input_length, target_length=target_length, batch_size=batch, rules=rules)
     shapes = {"encoder_input_tokens": (batch, input_length), "decoder_target_tokens": (batch, target_length),
               "decoder_input_tokens": (batch, target_length), "decoder_loss_weights": (batch, target_length)}
@@ -68,7 +69,8 @@ def plan(*, config, mesh_shape: tuple[int, int], batch: int, input_length: int, 
               ("argument", "output", "temp", "alias", "generated_code")}
     return {
         "mesh": f"{mesh_shape[0]}x{mesh_shape[1]}", "devices": jax.device_count(), "rules": "2d" if rules_2d else "1d",
-        "params": trainer.param_count(), "batch": batch, "input_length": input_length, "target_length": target_length,
+        "params": trainer.param_count(), "trained_params": trainer.param_count(trained_only=True),
+        "batch": batch, "input_length": input_length, "target_length": target_length,
         "dtype": config.dtype, "param_dtype": config.param_dtype,
         **{f"{name}_bytes": value for name, value in fields.items()},
         "peak_bytes": fields["argument"] + fields["output"] + fields["temp"] - fields["alias"],

@@ -2,10 +2,11 @@
 
 Why: the follow-up papers run DSI-style retrieval on decoder-only LMs. The examples are the generative family's own
 (the seqio tasks' `encoder_input_tokens`, `decoder_input_tokens`, `decoder_target_tokens`): one sequence is the
-query's block [input_length] (right-padded) followed by the decoder's inputs [target_length] (the start token PAD,
-then the docid's tokens), its pads masked from attention and skipped by the rotary positions, so every docid token
-sits right after its query's last token. The loss reads the logits at the decoder positions only (`losses.Outputs`,
-so the generative losses apply unchanged: token cross-entropy, SToICaL's item weights and soft trie targets).
+query's block (the prompt template's prefix, the query [input_length] right-padded, its suffix) followed by the
+decoder's inputs [target_length] (the start token PAD, then the docid's tokens), its pads masked from attention
+and skipped by the rotary positions, so every docid token sits right after the prompt's last token. The loss reads
+the logits at the decoder positions only (`losses.Outputs`, so the generative losses apply unchanged: token
+cross-entropy, SToICaL's item weights and soft trie targets).
 
 Decoding prefills each query's block once, then runs `gr_jax.decoding`'s (trie-constrained) beam search over
 `decode_step`, the slots after the block holding the docid tokens: the same sequence training saw.
@@ -20,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from gr_jax import decoding
+from gr_jax import lora
 from gr_jax import losses
 from gr_jax.data.features import SOFT_TARGET_MASS, SOFT_TARGET_TOKENS
 from gr_jax.decoder_only.network import DecoderOnlyConfig, DecoderOnlyTransformer, KVCache, left_padded_positions
@@ -37,14 +39,30 @@ class DecoderOnlyModel:
     family's (`gr_jax.losses`)."""
     config: DecoderOnlyConfig
     loss: losses.Loss = losses.TokenCrossEntropy()
+    # The prompt template's token ids around each query block (`experiment.PromptTemplate`): the block is
+    # [prompt_prefix, query (right-padded), prompt_suffix], its pads masked and skipped by the rotary positions.
+    prompt_prefix: tuple[int, ...] = ()
+    prompt_suffix: tuple[int, ...] = ()
 
-    # What a generative run asks of its model beyond training and decoding: no pretrained tower, nothing frozen.
+    # What a generative run asks of its model beyond training and decoding: no pretrained tower.
     encoder_tower = None
-    frozen_parameters: Optional[str] = None
+
+    @property
+    def frozen_parameters(self) -> Optional[str]:
+        """With LoRA, everything but the adapters (no update and no optimizer state reach them); else nothing."""
+        return self.config.lora.frozen_pattern() if self.config.lora is not None else None
 
     @property
     def module(self) -> DecoderOnlyTransformer:
         return DecoderOnlyTransformer(self.config)
+
+    def _decoding(self, params: Any) -> tuple[DecoderOnlyTransformer, Any]:
+        """The network decoding runs and its parameters: with LoRA, the base network with the adapters merged into
+        its kernels (`lora.merge`), so no decoding step computes the low-rank products."""
+        if self.config.lora is None:
+            return self.module, params
+        return (DecoderOnlyTransformer(dataclasses.replace(self.config, lora=None)),
+                lora.merge(params, lora=self.config.lora))
 
     @property
     def logits_vocab_size(self) -> int:
@@ -56,15 +74,23 @@ class DecoderOnlyModel:
         return None
 
     def init(self, rng: Array, *, input_length: int, target_length: int) -> Mapping[str, Any]:
-        """Boxed variables for a query block of `input_length` and `target_length` docid positions."""
+        """Boxed variables for queries of `input_length` tokens and `target_length` docid positions."""
         tokens = jnp.ones((1, input_length + target_length), jnp.int32)
         return self.module.init({"params": rng, "dropout": rng}, tokens)
+
+    def prompt_block(self, encoder_input_tokens: Array) -> Array:
+        """The queries int32[batch, L] in the prompt template: int32[batch, len(prefix) + L + len(suffix)]."""
+        def constant(ids: tuple[int, ...]) -> Array:
+            return jnp.broadcast_to(jnp.asarray(ids, jnp.int32), (encoder_input_tokens.shape[0], len(ids)))
+        if not self.prompt_prefix and not self.prompt_suffix:
+            return encoder_input_tokens
+        return jnp.concatenate([constant(self.prompt_prefix), encoder_input_tokens, constant(self.prompt_suffix)], 1)
 
     # --- Training -------------------------------------------------------------------------------------------
 
     def outputs(self, params: Any, batch: Batch, dropout_rng: Optional[Array]) -> losses.Outputs:
         """One teacher-forced pass over [query block, decoder inputs]: the logits of the decoder positions."""
-        inputs, targets = batch["encoder_input_tokens"], batch["decoder_target_tokens"]
+        inputs, targets = self.prompt_block(batch["encoder_input_tokens"]), batch["decoder_target_tokens"]
         tokens = jnp.concatenate([inputs, batch["decoder_input_tokens"]], axis=1)
         valid = jnp.concatenate([inputs != PAD_ID, targets != PAD_ID], axis=1)
         rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
@@ -89,17 +115,24 @@ class DecoderOnlyModel:
                    max_decode_len: int) -> tuple[KVCache, Array]:
         """The query blocks [batch, L] run once, each repeated for its `rows_per_query` rows: (the cache with
         `max_decode_len` free slots after the block, each row's number of query tokens int32[rows])."""
+        encoder_input_tokens = self.prompt_block(encoder_input_tokens)
         valid = encoder_input_tokens != PAD_ID
-        _, cache = self.module.apply({"params": params}, encoder_input_tokens, positions=left_padded_positions(valid),
+        module, params = self._decoding(params)
+        _, cache = module.apply({"params": params}, encoder_input_tokens, positions=left_padded_positions(valid),
                                      valid=valid, max_len=encoder_input_tokens.shape[1] + max_decode_len,
                                      method=DecoderOnlyTransformer.prefill)
         cache = jax.tree.map(lambda leaf: jnp.repeat(leaf, rows_per_query, axis=0), cache)
         return cache, jnp.repeat(jnp.sum(valid, axis=1, dtype=jnp.int32), rows_per_query)
 
+    def _block_length(self, encoder_input_tokens: Array) -> int:
+        return len(self.prompt_prefix) + encoder_input_tokens.shape[1] + len(self.prompt_suffix)
+
     def _step_fn(self, params: Any, *, block: int, query_tokens: Array) -> decoding.StepFn:
         """`decoding`'s step: decoder position p is cache slot block + p, rotary position query_tokens + p."""
+        module, params = self._decoding(params)
+
         def step_fn(tokens, position, cache):
-            return self.module.apply({"params": params}, tokens, positions=query_tokens + position,
+            return module.apply({"params": params}, tokens, positions=query_tokens + position,
                                      index=block + position, cache=cache, method=DecoderOnlyTransformer.decode_step)
         return step_fn
 
@@ -110,7 +143,7 @@ class DecoderOnlyModel:
         batch = encoder_input_tokens.shape[0]
         cache, query_tokens = self._prefilled(params, encoder_input_tokens, rows_per_query=num_beams,
                                               max_decode_len=max_decode_len)
-        step_fn = self._step_fn(params, block=encoder_input_tokens.shape[1], query_tokens=query_tokens)
+        step_fn = self._step_fn(params, block=self._block_length(encoder_input_tokens), query_tokens=query_tokens)
         return decoding.beam_search(step_fn=step_fn, cache=cache, batch_size=batch, num_beams=num_beams,
                                     max_decode_len=max_decode_len, trie=trie, length_penalty=length_penalty)
 
@@ -120,7 +153,7 @@ class DecoderOnlyModel:
         decodes it (`decoding.score_sequences`)."""
         cache, query_tokens = self._prefilled(params, encoder_input_tokens, rows_per_query=1,
                                               max_decode_len=sequences.shape[1])
-        step_fn = self._step_fn(params, block=encoder_input_tokens.shape[1], query_tokens=query_tokens)
+        step_fn = self._step_fn(params, block=self._block_length(encoder_input_tokens), query_tokens=query_tokens)
         return decoding.score_sequences(step_fn=step_fn, cache=cache, sequences=sequences, trie=trie)
 
     def score_batch(self, params: Any, batch: Batch) -> Array:

@@ -24,6 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
+from gr_jax import lora
+from gr_jax.lora import LoraConfig
 from gr_jax.network import (
     BATCH, EMBED, HEADS, KV, LENGTH, NEG_INF, VOCAB, Array, Layers, Mlp, RMSNorm, scan_stack, fan_in_init,
     layer_stack, logical_param, run_layers)
@@ -48,7 +50,8 @@ class DecoderOnlyConfig:
 
     qkv_bias: biases on the query, key and value projections (Qwen2); qk_norm: RMSNorm of each head's query and
     key before the rotation (Qwen3); tie_embeddings: the output layer is the input embedding (Qwen3-0.6B,
-    Qwen2-0.5B). `mlp_activations` and the dropout fields are the T5 MLP's (`gr_jax.network.Mlp`): SwiGLU is
+    Qwen2-0.5B); lora: adapters beside the attention and MLP kernels (`gr_jax.lora`). `mlp_activations` and the
+    dropout fields are the T5 MLP's (`gr_jax.network.Mlp`): SwiGLU is
     ('silu', 'linear'), and the papers fine-tune these models without dropout. `vocab_size` None: the run's
     vocabulary and docid tokens fill it (`with_vocab_size`), as T5Config's.
     """
@@ -72,6 +75,8 @@ class DecoderOnlyConfig:
     param_dtype: str = "float32"
     scan_layers: bool = False
     remat: bool = False
+    # Low-rank adapters on the attention and MLP kernels (`gr_jax.lora`); the model then trains only them.
+    lora: Optional[LoraConfig] = None
 
     def __post_init__(self):
         for name in ("vocab_size", "emb_dim", "num_layers", "num_heads", "num_kv_heads", "head_dim", "mlp_dim"):
@@ -157,6 +162,13 @@ class Attention(nn.Module):
         self.key = logical_param(self, "key", fan_in_init(1), (d, g, k), (EMBED, KV_HEADS, KV), cfg.param_dtype)
         self.value = logical_param(self, "value", fan_in_init(1), (d, g, k), (EMBED, KV_HEADS, KV), cfg.param_dtype)
         self.out = logical_param(self, "out", fan_in_init(2), (h, k, d), (HEADS, KV, EMBED), cfg.param_dtype)
+        self.adapters = {
+            name: lora.adapter(self, name, lora=cfg.lora, shape=shape, axes=axes, in_axes=in_axes,
+                               dtype=cfg.param_dtype)
+            for name, shape, axes, in_axes in (("query", (d, h, k), (EMBED, HEADS, KV), 1),
+                                               ("key", (d, g, k), (EMBED, KV_HEADS, KV), 1),
+                                               ("value", (d, g, k), (EMBED, KV_HEADS, KV), 1),
+                                               ("out", (h, k, d), (HEADS, KV, EMBED), 2))}
         if cfg.qkv_bias:
             zeros = nn.initializers.zeros
             self.query_bias = logical_param(self, "query_bias", zeros, (h, k), (HEADS, KV), cfg.param_dtype)
@@ -166,9 +178,10 @@ class Attention(nn.Module):
             self.query_norm = RMSNorm(cfg, epsilon=cfg.norm_epsilon, axis=KV)
             self.key_norm = RMSNorm(cfg, epsilon=cfg.norm_epsilon, axis=KV)
 
-    def _project(self, x: Array, kernel: Array, bias: Optional[Array], axes: tuple[str, ...]) -> Array:
-        dtype = self.config.dtype
-        y = jnp.einsum("bld,dhk->blhk", x.astype(dtype), kernel.astype(dtype))
+    def _project(self, x: Array, name: str, bias: Optional[Array], axes: tuple[str, ...]) -> Array:
+        cfg, dtype = self.config, self.config.dtype
+        y = jnp.einsum("bld,dhk->blhk", x.astype(dtype), getattr(self, name).astype(dtype))
+        y = lora.add(y, lora.delta(x, self.adapters[name], lora=cfg.lora, in_axes=1, dtype=dtype))
         if bias is not None:
             y = y + bias.astype(dtype)
         return nn.with_logical_constraint(y, axes)
@@ -177,9 +190,9 @@ class Attention(nn.Module):
         """x [batch, length, embed] -> rotated queries [b, l, heads, k], rotated keys and values [b, l, kv_heads, k]."""
         cfg = self.config
         bias = cfg.qkv_bias
-        q = self._project(x, self.query, self.query_bias if bias else None, (BATCH, LENGTH, HEADS, KV))
-        k = self._project(x, self.key, self.key_bias if bias else None, (BATCH, LENGTH, KV_HEADS, KV))
-        v = self._project(x, self.value, self.value_bias if bias else None, (BATCH, LENGTH, KV_HEADS, KV))
+        q = self._project(x, "query", self.query_bias if bias else None, (BATCH, LENGTH, HEADS, KV))
+        k = self._project(x, "key", self.key_bias if bias else None, (BATCH, LENGTH, KV_HEADS, KV))
+        v = self._project(x, "value", self.value_bias if bias else None, (BATCH, LENGTH, KV_HEADS, KV))
         if cfg.qk_norm:
             q, k = self.query_norm(q), self.key_norm(k)
         inv_freq = rope_inverse_frequencies(cfg)
@@ -196,6 +209,7 @@ class Attention(nn.Module):
         weights = jax.nn.softmax(logits, axis=-1).astype(cfg.dtype)
         y = jnp.einsum("bngqk,bknd->bqngd", weights, v).reshape(b, q_len, h, d)
         out = jnp.einsum("bqhk,hkd->bqd", y, self.out.astype(cfg.dtype))
+        out = lora.add(out, lora.delta(y, self.adapters["out"], lora=cfg.lora, in_axes=2, dtype=cfg.dtype))
         return nn.with_logical_constraint(out, (BATCH, LENGTH, EMBED))
 
 
@@ -231,14 +245,24 @@ class DecoderLayer(nn.Module):
         q, k, v = self.attention.project(self.pre_attention_norm(x), positions)
         return self._finish(x, self.attention.attend(q, k, v, mask), True), (k, v)
 
-    def step(self, x: Array, positions: Array, keys: Array, values: Array, valid: Array,
-             index: Array) -> tuple[Array, tuple[Array, Array]]:
+    def step(self, x: Array, positions: Array, keys: Array, values: Array, valid: Array, index: Array,
+             layer: Optional[Array] = None) -> tuple[Array, tuple[Array, Array]]:
         """One new token per row: x [rows, 1, embed] at positions [rows, 1]; keys/values [rows, max_len, kv_heads,
-        k] with slot `index` written here; valid bool[rows, max_len] (this token's slot included)."""
+        k] with slot `index` written here, or with `layer` (int32[], a scanned stack) the whole stack's
+        [rows, layers, max_len, kv_heads, k], of which only this layer's slot is written (in place, no copy of the
+        cache per step); valid bool[rows, max_len] (this token's slot included)."""
         q, k, v = self.attention.project(self.pre_attention_norm(x), positions)
-        keys = jax.lax.dynamic_update_slice_in_dim(keys, k.astype(keys.dtype), index, axis=1)
-        values = jax.lax.dynamic_update_slice_in_dim(values, v.astype(values.dtype), index, axis=1)
-        attended = self.attention.attend(q, keys, values, valid[:, None, :])
+        if layer is None:
+            keys = jax.lax.dynamic_update_slice_in_dim(keys, k.astype(keys.dtype), index, axis=1)
+            values = jax.lax.dynamic_update_slice_in_dim(values, v.astype(values.dtype), index, axis=1)
+            layer_keys, layer_values = keys, values
+        else:
+            start = (0, layer, index, 0, 0)
+            keys = jax.lax.dynamic_update_slice(keys, k[:, None].astype(keys.dtype), start)
+            values = jax.lax.dynamic_update_slice(values, v[:, None].astype(values.dtype), start)
+            layer_keys = jax.lax.dynamic_index_in_dim(keys, layer, axis=1, keepdims=False)
+            layer_values = jax.lax.dynamic_index_in_dim(values, layer, axis=1, keepdims=False)
+        attended = self.attention.attend(q, layer_keys, layer_values, valid[:, None, :])
         return self._finish(x, attended, True), (keys, values)
 
 
@@ -313,12 +337,14 @@ class DecoderOnlyTransformer(nn.Module):
         valid = jax.lax.dynamic_update_slice_in_dim(cache.valid, jnp.ones((tokens.shape[0], 1), bool), index, axis=1)
         positions = positions[:, None]
         if cfg.scan_layers:
-            def body(layer, x, keys, values, positions, valid, index):
-                return layer.step(x, positions, keys, values, valid, index)
-            stacked = (jnp.swapaxes(cache.keys[0], 0, 1), jnp.swapaxes(cache.values[0], 0, 1))
-            x, (k, v) = scan_stack(body, self.layers, x, num_layers=cfg.num_layers, xs=stacked,
-                                   broadcast=(positions, valid, index))
-            keys, values = (jnp.swapaxes(k, 0, 1),), (jnp.swapaxes(v, 0, 1),)
+            def body(layer, carry, number, positions, valid, index):
+                x, keys, values = carry
+                x, (keys, values) = layer.step(x, positions, keys, values, valid, index, number)
+                return (x, keys, values), None
+            (x, k, v), _ = scan_stack(body, self.layers, (x, cache.keys[0], cache.values[0]),
+                                      num_layers=cfg.num_layers, xs=(jnp.arange(cfg.num_layers, dtype=jnp.int32),),
+                                      broadcast=(positions, valid, index))
+            keys, values = (k,), (v,)
         else:
             keys_l, values_l = [], []
             for layer, k, v in zip(self.layers, cache.keys, cache.values):
