@@ -247,13 +247,15 @@ class SaveCheckpoint(Action):
         return self.decider(step, lambda: self.clock() - self.last_save >= every_seconds)
 
     def __call__(self, run, progress):
-        run.built.checkpointer.save(progress.step, state=progress.state, input_state=run.input_state(progress.step),
+        run.built.checkpointer.save(progress.step, state=run.built.checkpoint_state(progress.state),
+                                    input_state=run.input_state(progress.step),
                                     input_iterator=run.checkpointable_input())
         self.last_save = self.clock()
         return False
 
     def end(self, run, progress):
-        run.built.checkpointer.save(progress.step, state=progress.state, input_state=run.input_state(progress.step),
+        run.built.checkpointer.save(progress.step, state=run.built.checkpoint_state(progress.state),
+                                    input_state=run.input_state(progress.step),
                                     input_iterator=run.checkpointable_input(), force=True)
         run.built.checkpointer.wait_until_finished()
 
@@ -407,7 +409,8 @@ class SelectModel(Action):
         if selection is None or best is None:
             raise RuntimeError("SelectModel was called before its start(): no selection record or best checkpointer")
         if selection.record(progress.step, metrics[self.metric]):
-            best.save(progress.step, state=progress.state, input_state={"selected_on": self.split}, force=True)
+            best.save(progress.step, state=run.built.checkpoint_state(progress.state),
+                      input_state={"selected_on": self.split}, force=True)
         selection.save()
         if selection.stopped:
             logger.info("early stop at step %d: no better %s on %s for %d evaluations (best: step %d)", progress.step,
@@ -421,8 +424,7 @@ class SelectModel(Action):
         if selection is None or selection.best_step is None or self.best is None:
             return None
         if self._best_params is None or self._best_params[0] != selection.best_step:
-            params = self.best.restore_params(selection.best_step,
-                                              abstract_params=run.built.trainer.abstract_state.params)
+            params = run.built.read_params(self.best, selection.best_step)
             self._best_params = (selection.best_step, params)
         return self._best_params
 

@@ -180,11 +180,32 @@ class BuiltRun(abc.ABC):
                              f"{[current[n][:12] for n in changed]} now): the data dir was rebuilt since. Point the "
                              "run at the original files (DatasetConfig.vocabulary_path, the docid table) or retrain")
 
+    def checkpoint_state(self, state: TrainState) -> TrainState:
+        """What a checkpoint of `state` holds: all of it, but the frozen parameters (`Trainer(frozen=)`: LoRA's base,
+        a frozen tower), which the run's own reference gives back on restore (`frozen_base`)."""
+        return dataclasses.replace(state, params=self.trainer.saved_params(state.params))
+
+    def frozen_base(self) -> Any:
+        """The parameters a checkpoint does not hold, as this run starts them (`init_state`: the seed, the
+        pretrained tower, `init_checkpoint`). Made anew at each call: a kept copy would be donated with the state
+        it joins at the next train step."""
+        return self.init_state().params
+
+    def read_params(self, checkpointer: checkpoints.Checkpointer, step: int) -> Any:
+        """The full parameters of `checkpointer`'s step (no optimizer state), the frozen ones from `frozen_base`."""
+        trainer = self.trainer
+        saved = checkpointer.restore_params(step, abstract_params=trainer.saved_params(trainer.abstract_state.params))
+        return saved if trainer.frozen is None else trainer.with_frozen(saved, base=self.frozen_base())
+
     def restore(self, step: Optional[int] = None):
         """(state, input_state) of `step` (default: latest), after `check_inputs`."""
         step = self._checkpoint_step(step)
-        state, input_state = self.checkpointer.restore(step, abstract_state=self.trainer.abstract_state)
+        trainer = self.trainer
+        abstract = self.checkpoint_state(trainer.abstract_state)
+        state, input_state = self.checkpointer.restore(step, abstract_state=abstract)
         self.check_inputs(input_state, where=str(self.checkpointer.directory / str(step)))
+        if trainer.frozen is not None:
+            state = dataclasses.replace(state, params=trainer.with_frozen(state.params, base=self.frozen_base()))
         return state, input_state
 
     def restore_params(self, step: Optional[int] = None) -> tuple[Any, int]:
@@ -203,7 +224,7 @@ class BuiltRun(abc.ABC):
             checkpointer = best
         self.check_inputs(checkpointer.input_state(step), where=str(checkpointer.directory / str(step)))
         try:
-            return checkpointer.restore_params(step, abstract_params=self.trainer.abstract_state.params), step
+            return self.read_params(checkpointer, step), step
         except checkpoints.CheckpointDamagedError as e:
             if not latest:
                 raise

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from flax import traverse_util
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from gr_jax import metrics as metrics_lib
@@ -67,6 +68,7 @@ class Trainer:
                              f"'data' mesh axis ({data_size} devices)")
         self.model = model
         self.optimizer = optimizer if frozen is None else optimizers.freeze(optimizer, frozen)
+        self.frozen = frozen
         self.mesh = mesh
         self.rules = tuple(rules)
         self.input_length = input_length
@@ -145,6 +147,29 @@ class Trainer:
             return params, None
         return (jax.tree.map(lambda trained, p: p if trained else None, self._trained, params),
                 jax.tree.map(lambda trained, p: None if trained else p, self._trained, params))
+
+    def saved_params(self, params: Any) -> Any:
+        """What a checkpoint keeps of `params` (concrete or abstract): without `frozen`, all of them; with it, only
+        the trained ones, the frozen subtrees dropped (a LoRA checkpoint holds the adapters; the base is the run's
+        own reference, `with_frozen`)."""
+        if self._trained is None:
+            return params
+        trained = traverse_util.flatten_dict(self._trained, sep="/")
+        return traverse_util.unflatten_dict({name: leaf for name, leaf in traverse_util.flatten_dict(
+            params, sep="/").items() if trained[name]}, sep="/")
+
+    def with_frozen(self, saved: Any, *, base: Any) -> Any:
+        """The full parameters: `saved` (as `saved_params` kept them) with the frozen ones taken from `base`."""
+        if self._trained is None:
+            return saved
+        trained = traverse_util.flatten_dict(self._trained, sep="/")
+        kept = traverse_util.flatten_dict(saved, sep="/")
+        missing = sorted(name for name, is_trained in trained.items() if is_trained and name not in kept)
+        if missing:
+            raise ValueError(f"the saved parameters lack trained ones, e.g. {missing[:3]}")
+        base_leaves = traverse_util.flatten_dict(base, sep="/")
+        full = {name: kept[name] if is_trained else base_leaves[name] for name, is_trained in trained.items()}
+        return traverse_util.unflatten_dict(full, sep="/")
 
     def _merge(self, trained: Any, frozen: Any) -> Any:
         if self._trained is None:

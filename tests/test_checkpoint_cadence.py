@@ -41,6 +41,7 @@ class FakeCheckpointer:
 
 def _run():
     built = types.SimpleNamespace(checkpointer=FakeCheckpointer(), input_fingerprint=lambda: {},
+                                  checkpoint_state=lambda state: state,
                                   experiment=types.SimpleNamespace(model_dir="/nowhere", seed=0, batch_size=4))
     return actions.TrainingRun(built=built, writer=None, start_step=0, start_batch=0)
 

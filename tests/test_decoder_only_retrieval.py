@@ -118,8 +118,9 @@ def test_constrained_beam_search_ranks_every_docid_as_brute_force(model_and_para
 
 
 def test_a_micro_lora_run_with_a_prompt_trains_and_evaluates_through_the_entry_point(spm_data_dir, tmp_path):
-    """decoder_only/train.gin + micro.gin + lora.gin and a prompt template: 3 steps, a checkpoint, constrained
-    evaluation of the restored state on the merged network; the frozen base is as initialised."""
+    """decoder_only/train.gin + micro.gin + lora.gin and a prompt template: 3 steps, a checkpoint of the adapters
+    and embedding only, constrained evaluation of the restored state on the merged network; the frozen base is as
+    initialised."""
     from gr_jax import train as train_main
     model_dir = tmp_path / "run"
     gin.clear_config()
@@ -147,12 +148,20 @@ def test_a_micro_lora_run_with_a_prompt_trains_and_evaluates_through_the_entry_p
     finally:
         gin.clear_config()
     assert built.model.prompt_prefix and built.model.config.lora.rank == 16
+    # The checkpoint holds the adapters and the embedding only; the frozen base comes back from the run's seed.
+    saved = built.checkpointer.saved_params(3)
+    assert saved and all("_lora_" in name or name == "token_embedder" for name in saved), sorted(saved)
+    assert len(saved) == 1 + 2 * 7 * 2  # the embedding; A and B of 7 kernels in each of 2 layers
     trained, _ = built.restore(3)
     start = built.init_state()
     for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(start.params), jax.tree.leaves(trained.params)):
         name = jax.tree_util.keystr(path)
         if "_lora_" not in name and "token_embedder" not in name:
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=name)
+    params, step = built.restore_params(3)
+    assert step == 3
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(trained.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_qwen3_0_6b_size_file_has_the_published_parameter_counts():
