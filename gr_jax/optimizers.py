@@ -107,9 +107,13 @@ class MatrixView:
         return jnp.transpose(x.reshape([like_shape[i] for i in self.permutation]), inverse)
 
 
-def matrix_view(*, path: str, names: tuple, shape: tuple[int, ...], rules: Mapping[str, str]) -> MatrixView:
+def matrix_view(*, path: str, names: tuple, shape: tuple[int, ...], rules: Mapping[str, str],
+                min_dim_size_to_factor: int = 128) -> MatrixView:
     """The `MatrixView` of a parameter with logical axis `names` (see `ADAFACTOR_FACTOR_RULES`). A 'batch' axis
-    (scanned layers) must have been split off first (`per_layer`, as `make_optimizer` does)."""
+    (scanned layers) must have been split off first (`per_layer`, as `make_optimizer` does). An unfactored
+    parameter keeps its own shape, so its full second moment is sharded as it is, where optax's shape rule would
+    not factor it either (a second-largest dimension below `min_dim_size_to_factor`: LoRA's adapters, whose rank
+    is small); only where that rule would factor it is it seen as one vector."""
     dims = []
     for name in names:
         if name not in rules:
@@ -125,6 +129,8 @@ def matrix_view(*, path: str, names: tuple, shape: tuple[int, ...], rules: Mappi
     if len(shape) < 2:
         return MatrixView()  # optax never factors a vector
     if not rows or not columns or "none" in dims:
+        if sorted(shape)[-2] < min_dim_size_to_factor:
+            return MatrixView()
         return MatrixView(permutation=tuple(range(len(shape))), shape=(math.prod(shape),))
     permutation = (*rows, *columns)
     view = (math.prod(shape[i] for i in rows), math.prod(shape[i] for i in columns))
@@ -139,8 +145,8 @@ class ViewedState:
     views: Any = flax.struct.field(pytree_node=False)  # a tuple of MatrixView per parameter leaf (static)
 
 
-def factor_by_logical_axes(inner: optax.GradientTransformation, *,
-                           rules: Mapping[str, str]) -> optax.GradientTransformation:
+def factor_by_logical_axes(inner: optax.GradientTransformation, *, rules: Mapping[str, str],
+                           min_dim_size_to_factor: int = 128) -> optax.GradientTransformation:
     """`inner` (optax's factored second moments) applied to each parameter seen as the matrix its logical axes make.
 
     The axis names are read when `init` gets the boxed parameters (`nn.with_logical_partitioning`, as the
@@ -153,7 +159,8 @@ def factor_by_logical_axes(inner: optax.GradientTransformation, *,
         for path, leaf in leaves:
             if isinstance(leaf, nn.LogicallyPartitioned):
                 views.append(matrix_view(path=jax.tree_util.keystr(path), names=tuple(leaf.names),
-                                         shape=tuple(np.shape(leaf.value)), rules=rules))
+                                         shape=tuple(np.shape(leaf.value)), rules=rules,
+                                         min_dim_size_to_factor=min_dim_size_to_factor))
             else:
                 views.append(MatrixView())
         return tuple(views)
@@ -299,7 +306,8 @@ def make_optimizer(
         second_moments = optax.scale_by_factored_rms(factored=factored, decay_rate=decay_rate,
                                                      min_dim_size_to_factor=min_dim_size_to_factor)
         if factor_rules is not None:
-            second_moments = factor_by_logical_axes(second_moments, rules=factor_rules)
+            second_moments = factor_by_logical_axes(second_moments, rules=factor_rules,
+                                                    min_dim_size_to_factor=min_dim_size_to_factor)
         stages = [second_moments]
         if clipping_threshold is not None:
             stages.append(optax.clip_by_block_rms(clipping_threshold))

@@ -45,6 +45,20 @@ def test_size_gins_set_only_dimensions(size):
                      ("emb_dim", "num_heads", "num_encoder_layers", "num_decoder_layers", "head_dim", "mlp_dim")}
 
 
+@pytest.mark.parametrize("size", ["p100k", "p800k", "p2m", "p16m"])
+def test_decoder_only_grid_sizes_match_the_t5_grid_in_non_embedding_parameters(size):
+    """decoder_only/{size}.gin: the T5 size's width, heads and head size, twice its layers per stack and a wider
+    MLP, within 0.2% of T5's non-embedding parameters (NON_EMBEDDING, which counts its norms and relative-position
+    tables too) for the scaling comparison of experiment 1 (docs/decoder_only.md)."""
+    config = gin_utils.decoder_only_config([f"decoder_only/{size}.gin"], vocab_size=2048)
+    emb, heads, layers, mlp, head_dim = T5_1_1[size]
+    assert (config.emb_dim, config.num_heads, config.num_kv_heads, config.head_dim, config.num_layers) == (
+        emb, heads, heads, head_dim, 2 * layers)
+    assert config.mlp_dim == round(mlp + 2 * heads * head_dim / 3)  # absorbs the decoder's cross-attention
+    assert abs(config.non_embedding_params() - NON_EMBEDDING[size]) <= 0.002 * NON_EMBEDDING[size]
+    assert config.tie_embeddings and config.dropout_rate == 0.0
+
+
 def test_train_gin_requires_its_macros():
     from gr_jax import training  # noqa: F401  (registers nothing: dynamic registration happens in the gin file)
     with pytest.raises(ValueError, match="MODEL_DIR.*gin.REQUIRED"):

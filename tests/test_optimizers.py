@@ -210,27 +210,32 @@ def test_adafactor_chain_equals_optax_adafactor_without_axis_names():
 def test_adafactor_factors_by_logical_axes_as_the_matrix_they_make():
     """Named parameters are factored as t5x's rules say: an attention kernel [embed, heads, kv] with kv=32 < 128
     (unfactored by optax's shape rule) is factored as [embed, heads * kv]; [heads, kv, embed] as its transpose; a
-    scanned kernel [layers, embed, mlp] keeps statistics per layer; relative position tables stay unfactored. Each
+    scanned kernel [layers, embed, mlp] keeps statistics per layer; relative position tables and LoRA adapters
+    stay unfactored, in their own shape and logical axes (so their full second moments shard as they do). Each
     update equals optax.adafactor applied to that explicit matrix."""
     d, h, k, m, layers = 128, 4, 32, 256, 3
     axes = {"query": ("embed", "heads", "kv"), "out": ("heads", "kv", "embed"), "scanned": ("layers", "embed", "mlp"),
-            "relpos": ("heads", "relpos_buckets"), "scale": ("embed",)}
-    shapes = {"query": (d, h, k), "out": (h, k, d), "scanned": (layers, d, m), "relpos": (h, 32), "scale": (d,)}
+            "relpos": ("heads", "relpos_buckets"), "scale": ("embed",), "adapter": ("embed", "lora_rank")}
+    shapes = {"query": (d, h, k), "out": (h, k, d), "scanned": (layers, d, m), "relpos": (h, 32), "scale": (d,),
+              "adapter": (d, 8)}
     rng = np.random.default_rng(2)
     plain = {n: jnp.asarray(rng.normal(size=s), jnp.float32) for n, s in shapes.items()}
     boxed = {n: nn.LogicallyPartitioned(v, names=axes[n]) for n, v in plain.items()}
     grads = _random_grads(shapes, 3, seed=3)
     tx = optimizers.make_optimizer(name="adafactor", learning_rate=0.01)
+    boxed_state = tx.init(boxed).inner[0].inner
+    assert boxed_state.v["adapter"].names == axes["adapter"] and boxed_state.v["relpos"].names == axes["relpos"]
     new, _, state = _run(tx, boxed, grads)
     inner = state.inner[0].inner  # the factored second moments
     assert inner.v_row["query"].shape == (d,) and inner.v_col["query"].shape == (h * k,)
     assert inner.v_row["out"].shape == (d,) and inner.v_col["out"].shape == (h * k,)
     assert [v.shape for v in inner.v_row["scanned"]] == [(d,)] * layers  # per layer
-    assert inner.v["relpos"].shape == (h * 32,) and inner.v["scale"].shape == (d,)
+    assert inner.v["relpos"].shape == (h, 32) and inner.v["scale"].shape == (d,)
+    assert inner.v["adapter"].shape == (d, 8)
 
     def as_matrix(name, x):
         return {"query": lambda a: a.reshape(d, h * k), "out": lambda a: a.reshape(h * k, d).T,
-                "relpos": lambda a: a.reshape(-1), "scale": lambda a: a}[name](x)
+                "relpos": lambda a: a, "scale": lambda a: a, "adapter": lambda a: a}[name](x)
     reference = optax.adafactor(learning_rate=0.01)
     names = [n for n in shapes if n != "scanned"]
     expected, _, _ = _run(reference, {n: as_matrix(n, plain[n]) for n in names},

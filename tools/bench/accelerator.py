@@ -1,6 +1,6 @@
 """The accelerator benchmark kit: one command that measures what a GPU or TPU host must be measured on, as JSON lines.
 
-    python -m gr_jax.tools.bench.accelerator [--size full|tiny] [--parts train_step decoder_only_step ...]
+    python -m gr_jax.tools.bench.accelerator [--size full|tiny|cpu] [--parts train_step decoder_only_step ...]
 
 Parts (each one JSON line, `"benchmark"` naming it; a part that fails prints its error line and the others still
 run, and the command then exits 1):
@@ -13,7 +13,8 @@ run, and the command then exits 1):
 * `dense_encode`: documents/s of the T5.1.1-Base document encoder (single vector), and its FLOP/s over the probe.
 
 `--size tiny` runs every part with micro models and small counts (the test suite runs it on CPU); `full` (the
-default off CPU) is the accelerator's. Needs neither TensorFlow nor seqio. Figures go to docs/performance.md.
+default off CPU) is the accelerator's; `cpu` pairs the scaling grid's p16m T5 and decoder-only models for a CPU
+host. Needs neither TensorFlow nor seqio. Figures go to docs/performance.md.
 """
 from __future__ import annotations
 
@@ -77,6 +78,12 @@ SIZES = {
                  decoder_only_vocab=512, batch=8, inputs=16, targets=4, atomic_docids=1_000, atomic_batch=8,
                  search_docids=1_000, search_batch=2, beams=4, encode_batch=8, encode_length=16, steps=1,
                  probe_size=128, dtype="float32"),
+    # The decoder-only and T5 steps of one scaling-grid size side by side on a CPU host (docs/decoder_only.md,
+    # experiment 3): `--size cpu --parts train_step decoder_only_step`.
+    "cpu": Size(t5_gin="models/t5_1_1/p16m.gin", vocab=2048, decoder_only_gin="decoder_only/p16m.gin",
+                decoder_only_vocab=2048, batch=32, inputs=32, targets=8, atomic_docids=10_000, atomic_batch=32,
+                search_docids=10_000, search_batch=4, beams=10, encode_batch=32, encode_length=32, steps=7,
+                probe_size=1024, dtype="float32"),
 }
 
 
