@@ -64,6 +64,9 @@ class ScoreTableRetriever:
 def _run(tmp_path, *, start_step=0, start_batch=0):
     built = types.SimpleNamespace(checkpointer=FakeCheckpointer(),
                                   trainer=types.SimpleNamespace(abstract_state=types.SimpleNamespace(params=None)),
+                                  checkpoint_state=lambda state: state,  # nothing frozen
+                                  read_params=lambda checkpointer, step: checkpointer.restore_params(
+                                      step, abstract_params=None),
                                   experiment=types.SimpleNamespace(model_dir=str(tmp_path), seed=7, batch_size=4),
                                   input_fingerprint=lambda: {"vocabulary": "ab12"})
     return actions.TrainingRun(built=built, writer=FakeWriter(), start_step=start_step, start_batch=start_batch)

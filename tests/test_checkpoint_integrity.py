@@ -82,7 +82,8 @@ class _Run(BuiltRun):
 
     def __init__(self, directory: pathlib.Path, mesh):
         self.experiment = types.SimpleNamespace(seed=0, batch_size=8, model_dir=str(directory.parent))
-        self.trainer = types.SimpleNamespace(abstract_state=_abstract(mesh))
+        self.trainer = types.SimpleNamespace(abstract_state=_abstract(mesh), frozen=None,  # nothing frozen
+                                             saved_params=lambda params: params)
         self.checkpointer = Checkpointer(directory)
 
     def init_state(self):

