@@ -51,16 +51,16 @@ def _materialise_fixtures() -> pathlib.Path:
 FIXTURES = _materialise_fixtures()
 
 
-# The longest test files, longest first (their summed test durations in a quiet `make test` run at 1a8c5ff, with
+# The longest test files, longest first (their summed test durations in a `make test` run at f0b7a53, with
 # `--junitxml`; `make test` prints the slowest tests).
 # `make test`'s workers take whole files in collection order: starting these first keeps one worker from running a
 # long file alone at the end while the other idles (longest-first scheduling).
-LONGEST_FILES = ("test_training.py", "test_scan_layers.py", "test_pipeline.py", "test_multiprocess.py",
-                 "test_variants.py", "test_dense.py", "test_kill_resume.py", "test_minilm_runs.py",
-                 "test_tower_encoder.py", "test_gdr.py", "test_decoding.py", "test_decoder_only_retrieval.py",
-                 "test_run_study.py", "test_ranking_data.py", "test_document_vectors.py", "test_custom_head.py",
-                 "test_decoder_only.py", "test_accelerator_bench.py", "test_registry.py", "test_cgl.py",
-                 "test_network.py")
+LONGEST_FILES = ("test_training.py", "test_pipeline.py", "test_scan_layers.py", "test_variants.py", "test_dense.py",
+                 "test_kill_resume.py", "test_multiprocess.py", "test_run_study.py", "test_lora.py",
+                 "test_minilm_runs.py", "test_gdr.py", "test_registry.py", "test_decoder_only_retrieval.py",
+                 "test_decoding.py", "test_tower_encoder.py", "test_decoder_only_dense.py", "test_ranking_data.py",
+                 "test_document_vectors.py", "test_plan_memory.py", "test_cgl.py", "test_custom_head.py",
+                 "test_network.py", "test_decoder_only.py", "test_accelerator_bench.py")
 
 
 def pytest_collection_modifyitems(items):

@@ -43,7 +43,7 @@ ORDER = list(LAYERS)
 # A new model family's package (gr_jax/<family>/, e.g. a decoder-only LLM) needs no entry above: its package docstring
 # is in the base layer and each of its modules takes the layer of its role, named as the existing families name them.
 FAMILY_ROLES = {"experiment": "experiment", "retriever": "retrieval", "data": "training", "model": "model",
-                "losses": "model", "network": "model", "pretrained": "model", "index": "data"}
+                "towers": "model", "losses": "model", "network": "model", "pretrained": "model", "index": "data"}
 EXACT = set(LAYERS["base"])  # the base layer names packages' __init__ modules, not what they contain
 
 # (importer, imported) pairs that point up today, to be removed as the layers are sorted out.

@@ -27,7 +27,7 @@ from flax import linen as nn
 from gr_jax import lora
 from gr_jax.lora import LoraConfig
 from gr_jax.network import (
-    BATCH, EMBED, HEADS, KV, LENGTH, NEG_INF, VOCAB, Array, Layers, Mlp, RMSNorm, scan_stack, fan_in_init,
+    BATCH, EMBED, HEADS, KV, LENGTH, MLP, NEG_INF, VOCAB, Array, Layers, Mlp, RMSNorm, scan_stack, fan_in_init,
     layer_stack, logical_param, run_layers)
 
 KV_HEADS = "kv_heads"  # the key/value heads of grouped-query attention (fewer than the query heads)
@@ -77,6 +77,9 @@ class DecoderOnlyConfig:
     remat: bool = False
     # Low-rank adapters on the attention and MLP kernels (`gr_jax.lora`); the model then trains only them.
     lora: Optional[LoraConfig] = None
+    # A bottleneck adapter of this width after every layer (`LayerAdapter`; 0: none): gr_vs_dense_limitations.txt's
+    # model-scaling experiment adds parameters to a pretrained backbone this way, trained with it.
+    adapter_dim: int = 0
 
     def __post_init__(self):
         for name in ("vocab_size", "emb_dim", "num_layers", "num_heads", "num_kv_heads", "head_dim", "mlp_dim"):
@@ -86,6 +89,8 @@ class DecoderOnlyConfig:
             raise ValueError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
         if self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even for rotary embeddings")
+        if self.adapter_dim < 0:
+            raise ValueError(f"DecoderOnlyConfig.adapter_dim must be >= 0, got {self.adapter_dim}")
         object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))
         object.__setattr__(self, "dropout_broadcast_dims", tuple(self.dropout_broadcast_dims))
 
@@ -108,7 +113,8 @@ class DecoderOnlyConfig:
         attention += k * (self.num_heads + 2 * self.num_kv_heads) if self.qkv_bias else 0
         attention += 2 * k if self.qk_norm else 0
         mlp = d * self.mlp_dim * (len(self.mlp_activations) + 1)
-        return self.num_layers * (attention + mlp + 2 * d) + d
+        adapter = 2 * d * self.adapter_dim + d if self.adapter_dim else 0
+        return self.num_layers * (attention + mlp + 2 * d + adapter) + d
 
 
 def rope_inverse_frequencies(config: DecoderOnlyConfig) -> np.ndarray:
@@ -220,6 +226,25 @@ def causal_mask(valid: Array) -> Array:
     return causal[None] & valid[:, None, :]
 
 
+class LayerAdapter(nn.Module):
+    """x + W_up silu(W_down RMSNorm(x)), W_down [embed, adapter_dim], W_up [adapter_dim, embed]: a bottleneck after a
+    layer. Both projections are drawn at random (fan-in), as the paper's "randomly initialized adapters" (so the
+    adapted network is not its base at the start, unlike LoRA's zero-started B)."""
+    config: DecoderOnlyConfig
+
+    def setup(self):
+        cfg = self.config
+        d, a = cfg.emb_dim, cfg.adapter_dim
+        self.norm = RMSNorm(cfg, epsilon=cfg.norm_epsilon)
+        self.down = logical_param(self, "down", fan_in_init(1), (d, a), (EMBED, MLP), cfg.param_dtype)
+        self.up = logical_param(self, "up", fan_in_init(1), (a, d), (MLP, EMBED), cfg.param_dtype)
+
+    def __call__(self, x: Array) -> Array:
+        dtype = self.config.dtype
+        h = jax.nn.silu(jnp.einsum("...d,da->...a", self.norm(x).astype(dtype), self.down.astype(dtype)))
+        return x + jnp.einsum("...a,ad->...d", h, self.up.astype(dtype))
+
+
 class DecoderLayer(nn.Module):
     config: DecoderOnlyConfig
 
@@ -229,10 +254,13 @@ class DecoderLayer(nn.Module):
         self.attention = Attention(cfg)
         self.pre_mlp_norm = RMSNorm(cfg, epsilon=cfg.norm_epsilon)
         self.mlp = Mlp(cfg)
+        self.adapter = LayerAdapter(cfg) if cfg.adapter_dim else None
 
     def _finish(self, x: Array, attended: Array, deterministic: bool) -> Array:
         x = x + attended
         x = x + self.mlp(self.pre_mlp_norm(x), deterministic=deterministic)
+        if self.adapter is not None:
+            x = self.adapter(x)
         return nn.with_logical_constraint(x, (BATCH, LENGTH, EMBED))
 
     def __call__(self, x: Array, positions: Array, mask: Array, deterministic: bool) -> Array:

@@ -1,7 +1,7 @@
 """A dual encoder (DPR; `gr_vs_dense_limitations.txt` Eqs. 1-2) and its multi-vector variant (ColBERT v1's MaxSim,
 the paper's MVDR), as a model the project's `Trainer` trains like the generative one.
 
-    S(q, d) = e_q . e_d                              (single vector: mean-pooled tower states, optionally projected)
+    S(q, d) = e_q . e_d                              (single vector: pooled tower states, optionally projected)
     S(q, d) = sum_i max_j e_{q,i} . e_{d,j}          (multi-vector: one vector per real token, MaxSim)
     P(d | q; N) = exp(S(q, d) / tau) / sum_{d' in {d} u N(q)} exp(S(q, d') / tau)        (Eq. 1, local softmax)
 
@@ -21,7 +21,7 @@ and count as negatives, as in DPR.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Optional, cast
 
 import flax.linen as nn
@@ -46,10 +46,13 @@ class DualEncoderConfig:
     tower: the text network (`MiniLMTower`, `T5EncoderTower`); shared: one tower (and projection) for queries and
     documents, else two of the same spec with their own parameters. projection_dim: r of a 2-layer ReLU projection
     (hidden width `projection_hidden_dim`, default the tower's); None keeps the tower's width. multi_vector:
-    MaxSim over per-token vectors instead of one mean-pooled vector. normalize: unit vectors (cosine scores).
+    MaxSim over per-token vectors instead of one pooled vector. pooling: how a single vector is read from the
+    tower's states [n, length, hidden] and mask [n, length]: `mean_pool` (sentence-transformers') or
+    `last_token_pool` (a causal tower's, as Qwen3-Embedding). normalize: unit vectors (cosine scores).
     temperature: tau of Eq. 1, in training and in the probabilities the retriever reports.
     """
     tower: Tower
+    pooling: Callable[[Array, Array], Array] = mean_pool
     shared: bool = True
     projection_dim: Optional[int] = None
     projection_hidden_dim: Optional[int] = None
@@ -67,6 +70,15 @@ class DualEncoderConfig:
     def dim(self) -> int:
         """The dimension of the vectors that are scored."""
         return self.projection_dim or self.tower.hidden_size
+
+
+def last_token_pool(states: Array, mask: Array) -> Array:
+    """states float[n, length, dim], mask bool[n, length] -> float[n, dim]: the state of each row's last real token
+    (right- or left-padded rows alike); a row with no real token gives the zero vector."""
+    length = mask.shape[1]
+    last = length - 1 - jnp.argmax(mask[:, ::-1], axis=1)
+    picked = jnp.take_along_axis(states, last[:, None, None], axis=1)[:, 0]
+    return jnp.where(mask.any(axis=1)[:, None], picked, 0.0)
 
 
 class Projection(nn.Module):
@@ -110,7 +122,7 @@ class DualEncoderNetwork(nn.Module):
         tower, projection = self._side(side)
         states = tower.token_states(ids, mask, deterministic).astype(jnp.float32)
         if not self.config.multi_vector:
-            states = mean_pool(states, mask)
+            states = self.config.pooling(states, mask)
         if projection is not None:
             states = projection(states)
         if self.config.normalize:
