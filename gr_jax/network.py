@@ -230,6 +230,26 @@ def stack_step(layers: Layers, x: Array, *, num_layers: int, position: Array, ca
     return x, tuple(new_cache)
 
 
+def write_cache(cache: tuple[Array, Array], new: tuple[Array, Array], *, slot: Array, layer: Optional[Array] = None
+                ) -> tuple[tuple[Array, Array], tuple[Array, Array]]:
+    """One decoding step's keys and values new [rows, 1, heads, k] written into slot `slot` of the cache: a layer's
+    (keys, values) [rows, slots, heads, k], or with `layer` (int32[]) a scanned stack's [rows, layers, slots, heads,
+    k], of which only that layer's slot is written, in place. -> (the cache, this layer's keys and values
+    [rows, slots, heads, k])."""
+    written = []
+    for stored, fresh in zip(cache, new):
+        if layer is None:
+            written.append(jax.lax.dynamic_update_slice_in_dim(stored, fresh.astype(stored.dtype), slot, axis=1))
+        else:
+            written.append(jax.lax.dynamic_update_slice(stored, fresh[:, None].astype(stored.dtype),
+                                                        (0, layer, slot, 0, 0)))
+    keys, values = written
+    if layer is None:
+        return (keys, values), (keys, values)
+    return (keys, values), (jax.lax.dynamic_index_in_dim(keys, layer, axis=1, keepdims=False),
+                            jax.lax.dynamic_index_in_dim(values, layer, axis=1, keepdims=False))
+
+
 def stack_cache(config: T5Config, *, num_layers: int, rows: int, max_decode_len: int) -> tuple:
     """A decoder stack's zeroed self-attention cache: per layer (keys, values) [rows, max_decode_len, heads, kv];
     with `config.scan_layers` one pair [rows, layers, max_decode_len, heads, kv] (a step writes one position of one
@@ -523,19 +543,9 @@ class DecoderLayer(nn.Module):
         heads, kv], of which only this layer's new position is written; cross_kv: [batch, src_len, heads, kv];
         cross_mask: bool[batch, src_len]; bias_row: float32[heads, max_len] = the decoder bias for query `position`.
         """
-        cache_k, cache_v = self_cache
         h = self.pre_self_attention_norm(x)
-        k_new, v_new = self.self_attention.project_kv(h)
-        if layer is None:
-            cache_k = jax.lax.dynamic_update_slice_in_dim(cache_k, k_new.astype(cache_k.dtype), position, axis=1)
-            cache_v = jax.lax.dynamic_update_slice_in_dim(cache_v, v_new.astype(cache_v.dtype), position, axis=1)
-            keys, values = cache_k, cache_v
-        else:
-            start = (0, layer, position, 0, 0)
-            cache_k = jax.lax.dynamic_update_slice(cache_k, k_new[:, None].astype(cache_k.dtype), start)
-            cache_v = jax.lax.dynamic_update_slice(cache_v, v_new[:, None].astype(cache_v.dtype), start)
-            keys = jax.lax.dynamic_index_in_dim(cache_k, layer, axis=1, keepdims=False)
-            values = jax.lax.dynamic_index_in_dim(cache_v, layer, axis=1, keepdims=False)
+        (cache_k, cache_v), (keys, values) = write_cache(self_cache, self.self_attention.project_kv(h),
+                                                         slot=position, layer=layer)
         max_len = keys.shape[1]
         causal = (jnp.arange(max_len) <= position)[None, None, None, :]
         y = self.self_attention.attend(self.self_attention.project_q(h), keys, values, mask=causal,

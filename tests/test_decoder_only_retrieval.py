@@ -141,10 +141,10 @@ def test_a_micro_lora_run_with_a_prompt_trains_and_evaluates_through_the_entry_p
     assert np.isfinite(metrics["train/loss"]) and metrics["train/loss"] > 0
     config = (model_dir / "config.gin").read_text()
     assert "DecoderOnlyExperiment()" in config and "prefix = 'query:'" in config and "rank = 16" in config
+    from gr_jax.search import restore_run
     gin.clear_config()
     try:
-        gin_utils.parse_gin(gin_files=[str(model_dir / "config.gin")], bindings=[])
-        built = gin.query_parameter("%EXPERIMENT").scoped_configurable_fn().build()
+        built = restore_run(str(model_dir))
     finally:
         gin.clear_config()
     assert built.model.prompt_prefix and built.model.config.lora.rank == 16

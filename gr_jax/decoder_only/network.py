@@ -28,7 +28,7 @@ from gr_jax import lora
 from gr_jax.lora import LoraConfig
 from gr_jax.network import (
     BATCH, EMBED, HEADS, KV, LENGTH, MLP, NEG_INF, VOCAB, Array, Layers, Mlp, RMSNorm, scan_stack, fan_in_init,
-    layer_stack, logical_param, run_layers)
+    layer_stack, logical_param, run_layers, write_cache)
 
 KV_HEADS = "kv_heads"  # the key/value heads of grouped-query attention (fewer than the query heads)
 
@@ -280,16 +280,7 @@ class DecoderLayer(nn.Module):
         [rows, layers, max_len, kv_heads, k], of which only this layer's slot is written (in place, no copy of the
         cache per step); valid bool[rows, max_len] (this token's slot included)."""
         q, k, v = self.attention.project(self.pre_attention_norm(x), positions)
-        if layer is None:
-            keys = jax.lax.dynamic_update_slice_in_dim(keys, k.astype(keys.dtype), index, axis=1)
-            values = jax.lax.dynamic_update_slice_in_dim(values, v.astype(values.dtype), index, axis=1)
-            layer_keys, layer_values = keys, values
-        else:
-            start = (0, layer, index, 0, 0)
-            keys = jax.lax.dynamic_update_slice(keys, k[:, None].astype(keys.dtype), start)
-            values = jax.lax.dynamic_update_slice(values, v[:, None].astype(values.dtype), start)
-            layer_keys = jax.lax.dynamic_index_in_dim(keys, layer, axis=1, keepdims=False)
-            layer_values = jax.lax.dynamic_index_in_dim(values, layer, axis=1, keepdims=False)
+        (keys, values), (layer_keys, layer_values) = write_cache((keys, values), (k, v), slot=index, layer=layer)
         attended = self.attention.attend(q, layer_keys, layer_values, valid[:, None, :])
         return self._finish(x, attended, True), (keys, values)
 
