@@ -54,6 +54,10 @@ class Trainer:
     normalised by the loss's total count (target tokens: the summed loss weights; or queries), so without dropout
     the update equals the single-batch one. With dropout it cannot: microbatch i draws its masks from
     fold_in(step key, i), so the masks differ from the single batch's (same distribution, another draw).
+
+    `frozen` (a regex fully matching '/'-joined parameter paths: LoRA's base, a frozen tower) makes those parameters
+    constants of the step: never differentiated, never updated, without optimizer state (`optimizers.freeze`), and
+    left out of what a checkpoint keeps (`saved_params`; `with_frozen` puts them back).
     """
 
     def __init__(self, *, model: TrainableModel, optimizer: optax.GradientTransformation, mesh: Mesh,
