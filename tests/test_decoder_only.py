@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import traverse_util
 from safetensors.numpy import load_file, save_file
 
 from gr_jax import partitioning
@@ -117,6 +118,37 @@ def test_logits_equal_transformers_and_numpy(arch):
     np.testing.assert_allclose(from_numpy[valid_rows(reference)], expected[valid_rows(reference)], rtol=0,
                                atol=1e-5 * scale)
     assert scale > 1.0  # random weights large enough that a wrong layout cannot hide in rounding
+
+
+def test_lora_and_layer_adapters_start_on_a_checkpoint_from_their_initialisers():
+    """Qwen3 with LoRA (rank 2) and per-layer adapters (width 4) over it: the checkpoint's tensors fill the base, the
+    adapters come from `fresh`; with the adapters' B at zero and no layer adapter the logits are transformers';
+    without `fresh` the adapters are an error."""
+    from gr_jax.lora import LoraConfig
+    checkpoint = FIXTURES / "qwen3"
+    reference = np.load(checkpoint / "reference.npz")
+    ids, valid = jnp.asarray(reference["input_ids"], jnp.int32), jnp.asarray(valid_rows(reference))
+    _, _, base = load(checkpoint)
+    for overrides in ({"lora": LoraConfig(rank=2, alpha=4.0)}, {"adapter_dim": 4}):
+        config = pretrained.read_config(checkpoint, **overrides).config
+        model = DecoderOnlyTransformer(config)
+        fresh = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32))["params"]
+        shardings = partitioning.logical_shardings(fresh, mesh=partitioning.make_mesh(data=4, model=2))
+        fresh = jax.tree.map(jax.device_put, nn.unbox(fresh), shardings)
+        with pytest.raises(ValueError, match="fresh="):
+            pretrained.load_params(checkpoint_dir=checkpoint, config=config, shardings=shardings)
+        params = pretrained.load_params(checkpoint_dir=checkpoint, config=config, shardings=shardings, fresh=fresh)
+        loaded = traverse_util.flatten_dict(params, sep="/")
+        initial = traverse_util.flatten_dict(fresh, sep="/")
+        from_checkpoint = traverse_util.flatten_dict(base, sep="/")
+        added = [path for path in loaded if path not in from_checkpoint]
+        assert added and all(np.array_equal(loaded[path], initial[path]) for path in added)
+        assert all(np.array_equal(loaded[path], from_checkpoint[path]) for path in from_checkpoint)
+        if "lora" in overrides:
+            logits = model.apply({"params": params}, ids, positions=left_padded_positions(valid), valid=valid)
+            expected = reference["logits"][valid_rows(reference)]
+            np.testing.assert_allclose(np.asarray(logits)[valid_rows(reference)], expected, rtol=0,
+                                       atol=1e-5 * np.abs(expected).max())
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)

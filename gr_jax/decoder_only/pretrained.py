@@ -57,7 +57,8 @@ class HFDecoderOnly:
 
 def read_config(checkpoint_dir: PathLike, **overrides: Any) -> HFDecoderOnly:
     """Parses and validates `checkpoint_dir/config.json`; `overrides` replace fields of the network's config that
-    config.json does not fix (dtype, param_dtype, scan_layers, remat, dropout_rate)."""
+    config.json does not fix (dtype, param_dtype, scan_layers, remat, dropout_rate; lora and adapter_dim, which
+    add parameters beside the checkpoint's)."""
     path, raw, text = read_config_json(checkpoint_dir)
 
     def get(key: str, default: Any, kind: type) -> Any:
@@ -164,18 +165,27 @@ def tensor_sources(config: DecoderOnlyConfig) -> dict[str, TensorSource]:
     return sources
 
 
-def load_params(*, checkpoint_dir: PathLike, config: DecoderOnlyConfig, shardings: Any) -> Any:
+def load_params(*, checkpoint_dir: PathLike, config: DecoderOnlyConfig, shardings: Any,
+                fresh: Optional[Any] = None) -> Any:
     """The network's parameter tree from the checkpoint, each leaf on its `shardings` entry (`shardings` has the
     structure of the network's params, e.g. `partitioning.logical_shardings` of `jax.eval_shape(model.init, ...)`;
     scanned or not as `config.scan_layers`). Every tensor of the checkpoint must be used and every parameter
-    found, with the shape config.json implies: a difference is an error naming the file."""
+    found, with the shape config.json implies: a difference is an error naming the file. The parameters a
+    checkpoint cannot hold, which `config` adds to its network (LoRA's adapters, the per-layer adapters), are taken
+    from `fresh` (the network's initialised parameters, placed as `shardings`)."""
+    flat_fresh = traverse_util.flatten_dict(fresh, sep="/") if fresh is not None else {}
+    added = {path for path in traverse_util.flatten_dict(shardings, sep="/") if _added_by_config(path)}
+    if added and fresh is None:
+        raise ValueError(f"the network adds {len(added)} parameters no checkpoint holds (e.g. {sorted(added)[0]}): "
+                         "give their initial values as fresh=")
     hf = read_config(checkpoint_dir, **_numerics(config))
     if hf.config != config:
         differing = [f.name for f in dataclasses.fields(config)
                      if getattr(config, f.name) != getattr(hf.config, f.name)]
         raise ValueError(f"{hf.path} describes another network: fields {differing} differ")
-    sources = tensor_sources(dataclasses.replace(config, scan_layers=False))
-    flat_shardings = traverse_util.flatten_dict(shardings, sep="/")
+    sources = tensor_sources(dataclasses.replace(config, scan_layers=False, lora=None, adapter_dim=0))
+    flat_shardings = {path: sharding for path, sharding in traverse_util.flatten_dict(shardings, sep="/").items()
+                      if path not in added}
     wanted = {_unscanned_path(path, layer) for path in flat_shardings
               for layer in (range(config.num_layers) if config.scan_layers and path.startswith("layers/") else [None])}
     if wanted != set(sources):
@@ -203,13 +213,21 @@ def load_params(*, checkpoint_dir: PathLike, config: DecoderOnlyConfig, sharding
                 flat[path] = jax.jit(lambda *xs: jnp.stack(xs), out_shardings=sharding)(*layers)
             else:
                 flat[path] = sharded_tensor(ckpt, sources[path], sharding=sharding, dtype=dtype)
+    flat.update({path: flat_fresh[path] for path in added})
     logger.info("loaded %s (%s): %d tensors", checkpoint_dir, hf.model_type, len(sources))
     return traverse_util.unflatten_dict(flat, sep="/")
 
 
+def _added_by_config(path: str) -> bool:
+    """A parameter of an option layered on the checkpoint's network: a LoRA adapter or a per-layer adapter."""
+    parts = path.split("/")
+    return parts[-1].endswith(("_lora_a", "_lora_b")) or "adapter" in parts[:-1]
+
+
 def _numerics(config: DecoderOnlyConfig) -> dict[str, Any]:
     return {name: getattr(config, name) for name in ("mlp_activations", "dropout_rate", "dropout_broadcast_dims",
-                                                     "dtype", "param_dtype", "scan_layers", "remat")}
+                                                     "dtype", "param_dtype", "scan_layers", "remat", "lora",
+                                                     "adapter_dim")}
 
 
 def _tied_copies(config: DecoderOnlyConfig) -> set[str]:
