@@ -111,29 +111,29 @@ class DecoderOnlyModel:
 
     # --- Decoding -------------------------------------------------------------------------------------------
 
-    def _prefilled(self, params: Any, encoder_input_tokens: Array, *, rows_per_query: int,
-                   max_decode_len: int) -> tuple[KVCache, Array]:
-        """The query blocks [batch, L] run once, each repeated for its `rows_per_query` rows: (the cache with
-        `max_decode_len` free slots after the block, each row's number of query tokens int32[rows])."""
+    def _prefilled(self, module: DecoderOnlyTransformer, params: Any, encoder_input_tokens: Array, *,
+                   rows_per_query: int, max_decode_len: int) -> tuple[KVCache, Array]:
+        """The query blocks [batch, L] run once through `module` (`_decoding`'s), each repeated for its
+        `rows_per_query` rows: (the cache with `max_decode_len` free slots after the block, each row's number of
+        query tokens int32[rows])."""
         encoder_input_tokens = self.prompt_block(encoder_input_tokens)
         valid = encoder_input_tokens != PAD_ID
-        module, params = self._decoding(params)
         _, cache = module.apply({"params": params}, encoder_input_tokens, positions=left_padded_positions(valid),
-                                     valid=valid, max_len=encoder_input_tokens.shape[1] + max_decode_len,
-                                     method=DecoderOnlyTransformer.prefill)
+                                valid=valid, max_len=encoder_input_tokens.shape[1] + max_decode_len,
+                                method=DecoderOnlyTransformer.prefill)
         cache = jax.tree.map(lambda leaf: jnp.repeat(leaf, rows_per_query, axis=0), cache)
         return cache, jnp.repeat(jnp.sum(valid, axis=1, dtype=jnp.int32), rows_per_query)
 
     def _block_length(self, encoder_input_tokens: Array) -> int:
         return len(self.prompt_prefix) + encoder_input_tokens.shape[1] + len(self.prompt_suffix)
 
-    def _step_fn(self, params: Any, *, block: int, query_tokens: Array) -> decoding.StepFn:
-        """`decoding`'s step: decoder position p is cache slot block + p, rotary position query_tokens + p."""
-        module, params = self._decoding(params)
-
+    def _step_fn(self, module: DecoderOnlyTransformer, params: Any, *, block: int,
+                 query_tokens: Array) -> decoding.StepFn:
+        """`decoding`'s step through `module`: decoder position p is cache slot block + p, rotary position
+        query_tokens + p."""
         def step_fn(tokens, position, cache):
             return module.apply({"params": params}, tokens, positions=query_tokens + position,
-                                     index=block + position, cache=cache, method=DecoderOnlyTransformer.decode_step)
+                                index=block + position, cache=cache, method=DecoderOnlyTransformer.decode_step)
         return step_fn
 
     def predict_batch(self, params: Any, encoder_input_tokens: Array, *, num_beams: int, max_decode_len: int,
@@ -141,9 +141,11 @@ class DecoderOnlyModel:
         """The `num_beams` best docid sequences per query [batch, beams, max_decode_len] and their scores, best first
         (`gr_jax.decoding.beam_search`; with `trie`, valid docids only, scored by their exact log-likelihoods)."""
         batch = encoder_input_tokens.shape[0]
-        cache, query_tokens = self._prefilled(params, encoder_input_tokens, rows_per_query=num_beams,
+        module, params = self._decoding(params)  # merged once for the whole search
+        cache, query_tokens = self._prefilled(module, params, encoder_input_tokens, rows_per_query=num_beams,
                                               max_decode_len=max_decode_len)
-        step_fn = self._step_fn(params, block=self._block_length(encoder_input_tokens), query_tokens=query_tokens)
+        step_fn = self._step_fn(module, params, block=self._block_length(encoder_input_tokens),
+                                query_tokens=query_tokens)
         return decoding.beam_search(step_fn=step_fn, cache=cache, batch_size=batch, num_beams=num_beams,
                                     max_decode_len=max_decode_len, trie=trie, length_penalty=length_penalty)
 
@@ -151,9 +153,11 @@ class DecoderOnlyModel:
                      trie: Trie) -> decoding.SequenceScores:
         """Log-likelihoods of one docid sequence int32[batch, length] per query, decoded step by step as the search
         decodes it (`decoding.score_sequences`)."""
-        cache, query_tokens = self._prefilled(params, encoder_input_tokens, rows_per_query=1,
+        module, params = self._decoding(params)
+        cache, query_tokens = self._prefilled(module, params, encoder_input_tokens, rows_per_query=1,
                                               max_decode_len=sequences.shape[1])
-        step_fn = self._step_fn(params, block=self._block_length(encoder_input_tokens), query_tokens=query_tokens)
+        step_fn = self._step_fn(module, params, block=self._block_length(encoder_input_tokens),
+                                query_tokens=query_tokens)
         return decoding.score_sequences(step_fn=step_fn, cache=cache, sequences=sequences, trie=trie)
 
     def score_batch(self, params: Any, batch: Batch) -> Array:
