@@ -14,6 +14,7 @@ them).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional, cast
@@ -108,13 +109,10 @@ def merge(params: Mapping[str, Any], *, lora: LoraConfig) -> dict[str, Any]:
         if isinstance(value, Mapping):
             merged[name] = merge(value, lora=lora)
         elif f"{name}_lora_a" in params:
-            a, b = params[f"{name}_lora_a"], params[f"{name}_lora_b"]
-            stacked = a.ndim + b.ndim - 2 - value.ndim  # 1 for a scanned stack's leading layers axis
-            contract = "".join(chr(ord("c") + i) for i in range(a.ndim - stacked - 1))
-            outputs = "".join(chr(ord("m") + i) for i in range(b.ndim - stacked - 1))
-            layers = "l" * stacked
-            update = jnp.einsum(f"{layers}{contract}r,{layers}r{outputs}->{layers}{contract}{outputs}",
-                                a.astype(jnp.float32), b.astype(jnp.float32))
+            a, b = (params[f"{name}_lora_{x}"].astype(jnp.float32) for x in "ab")
+            product = functools.partial(jnp.tensordot, axes=1)  # A [in..., r] . B [r, out...]
+            stacked = a.ndim + b.ndim - 2 > value.ndim  # a scanned stack's leading layers axis
+            update = jax.vmap(product)(a, b) if stacked else product(a, b)
             merged[name] = (value.astype(jnp.float32) + lora.scale * update).astype(value.dtype)
         else:
             merged[name] = value

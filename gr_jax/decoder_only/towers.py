@@ -10,13 +10,12 @@ is EOS as in Qwen3-Embedding). gin: `gin_configs/dense/decoder_only.gin` with a 
 from __future__ import annotations
 
 import dataclasses
-import pathlib
 from typing import Any, Optional
 
 import flax.linen as nn
 
 from gr_jax.decoder_only.network import DecoderOnlyConfig, DecoderOnlyTransformer, left_padded_positions
-from gr_jax.dense.towers import SentencePieceTokenizer, Tokenizer
+from gr_jax.dense.towers import SentencePieceTokenizer, Tokenizer, run_vocabulary
 
 
 class _DecoderOnlyStates(nn.Module):
@@ -51,8 +50,7 @@ class DecoderOnlyTower:
         return dataclasses.replace(self, config=self.config.with_vocab_size(self._vocabulary(data_dir).vocab_size))
 
     def _vocabulary(self, data_dir: str):
-        from gr_jax.vocabulary import MODEL_FILENAME, load_vocabulary
-        return load_vocabulary(pathlib.Path(self.vocabulary_path or pathlib.Path(data_dir) / MODEL_FILENAME))
+        return run_vocabulary(data_dir=data_dir, vocabulary_path=self.vocabulary_path)
 
     def module(self) -> nn.Module:
         if self.config.vocab_size is None:

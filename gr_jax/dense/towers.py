@@ -152,6 +152,12 @@ class MiniLMTower:
 # --- T5.1.1 encoder --------------------------------------------------------------------------------------------
 
 
+def run_vocabulary(*, data_dir: str, vocabulary_path: Optional[str]):
+    """The SentencePiece vocabulary a tower over the run's pieces reads: `vocabulary_path`, else the data dir's."""
+    from gr_jax.vocabulary import MODEL_FILENAME, load_vocabulary
+    return load_vocabulary(pathlib.Path(vocabulary_path or pathlib.Path(data_dir) / MODEL_FILENAME))
+
+
 @dataclasses.dataclass(frozen=True)
 class SentencePieceTokenizer:
     """The run's SentencePiece ids, cut to `length - 1` and EOS appended, exactly as the seqio tasks make inputs
@@ -200,8 +206,7 @@ class T5EncoderTower:
         return dataclasses.replace(self, config=self.config.with_vocab_size(vocabulary.vocab_size))
 
     def _vocabulary(self, data_dir: str):
-        from gr_jax.vocabulary import MODEL_FILENAME, load_vocabulary
-        return load_vocabulary(pathlib.Path(self.vocabulary_path or pathlib.Path(data_dir) / MODEL_FILENAME))
+        return run_vocabulary(data_dir=data_dir, vocabulary_path=self.vocabulary_path)
 
     def module(self) -> nn.Module:
         if self.config.vocab_size is None:
