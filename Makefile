@@ -10,8 +10,10 @@ DEMO_DIR ?= runs/wordnet_demo
 DEMO_STEPS ?= 400
 DEMO_GDR_STEPS ?= 150
 # Test worker processes: most tests are bound by XLA's single-threaded compiles, so two workers on two cores take
-# about 0.64x the time of one (805 tests: 10m29s against 16m26s); each test file stays on one worker.
-TEST_WORKERS ?= 2
+# about 0.64x the time of one (805 tests: 10m29s against 16m26s); each test file stays on one worker. A third
+# worker fills the cores while the others wait (on entry points' subprocesses, checkpoint writes, kills): 970
+# tests in 13m07s against 15m26s with two, back to back at ecdc685 (docs/performance.md), about 10 GB of memory.
+TEST_WORKERS ?= 3
 export TF_CPP_MIN_LOG_LEVEL := 3
 
 .PHONY: demo test venv wordnet clean-demo
