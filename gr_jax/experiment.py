@@ -246,6 +246,8 @@ class GenerativeModel(TrainableModel, DocidGenerator, Protocol):
 
     def pretrained_params(self, *, abstract: Any) -> Any: ...
 
+    def params_from_checkpoint(self, *, checkpoint_dir: str, fresh: Any, shardings: Any) -> Any: ...
+
 
 @dataclasses.dataclass(kw_only=True)
 class Built(BuiltRun):

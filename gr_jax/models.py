@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from gr_jax import decoding
 from gr_jax import losses
 from gr_jax import network
+from gr_jax import pretrained
 from gr_jax.data.features import SOFT_TARGET_MASS, SOFT_TARGET_TOKENS
 from gr_jax.dense.towers import Tower
 from gr_jax.docids.trie import Trie
@@ -65,6 +66,13 @@ class EncoderDecoderModel:
             if loaded is not None:
                 given["tower"] = loaded
         return given
+
+    def params_from_checkpoint(self, *, checkpoint_dir: str, fresh: Any, shardings: Any) -> Any:
+        """The network's parameters from a Hugging Face T5.1.1 checkpoint (`gr_jax.pretrained`), on `shardings`;
+        `fresh` (the initialised parameters) gives what it does not hold: the head's fresh parameters and the
+        vocabulary rows beyond the checkpoint's."""
+        return pretrained.load_pretrained_params(checkpoint_dir=checkpoint_dir, config=self.config, head=self.head,
+                                                 fresh_params=fresh, shardings=shardings)
 
     @property
     def module(self) -> TowerEncoderTransformer:

@@ -418,8 +418,9 @@ class TensorSource:
 
     layout: 'copy' (same layout), 'transpose' (2-D, ours = hf.T), 'qkv' ([h*k, d] -> [d, h, k]), 'out'
     ([d, h*k] -> [h, k, d]) or 'heads' (a projection's bias, [h*k] -> [h, k]). `vocab_axis`: our axis indexing
-    tokens, whose rows beyond `hf_shape`'s vocab are fresh. `scale` multiplies the values (d_model**-0.5 for an
-    output layer whose input HF scales).
+    tokens, which holds the checkpoint's `pretrained_rows` rows from our row `first_row` on (a vocabulary whose ids
+    are the checkpoint's shifted, `gr_jax.data.hf_tokenizer`); our rows outside them are fresh. `scale` multiplies
+    the values (d_model**-0.5 for an output layer whose input HF scales).
     """
     name: str
     layout: str
@@ -428,10 +429,21 @@ class TensorSource:
     vocab_axis: Optional[int] = None
     pretrained_rows: Optional[int] = None
     scale: float = 1.0
+    first_row: int = 0
 
     def __post_init__(self) -> None:
         if (self.vocab_axis is None) != (self.pretrained_rows is None):
             raise ValueError(f"{self.name}: a vocabulary axis comes with its number of pretrained rows")
+        if self.vocab_axis is not None and self.pretrained_rows is not None and not (
+                0 <= self.first_row and self.first_row + self.pretrained_rows <= self.shape[self.vocab_axis]):
+            raise ValueError(f"{self.name}: {self.pretrained_rows} pretrained rows from row {self.first_row} do not "
+                             f"fit its {self.shape[self.vocab_axis]} rows")
+
+    @property
+    def fresh_rows(self) -> bool:
+        """Whether some of our vocabulary rows are not the checkpoint's (they come from the fresh parameters)."""
+        return (self.vocab_axis is not None and self.pretrained_rows is not None
+                and self.shape[self.vocab_axis] > self.pretrained_rows)
 
 
 def _attention_sources(prefix: str, hf_prefix: str, hf: HFT5Config) -> dict[str, TensorSource]:
@@ -604,10 +616,15 @@ def _host_slice_fn(ckpt: SafetensorsCheckpoint, source: TensorSource, dtype: np.
         key = tuple(bounds)
         if key not in cache:
             out_shape = tuple(b - a for a, b in bounds)
-            read = list(bounds)
+            read = list(bounds)  # in the checkpoint's rows along the vocabulary axis
+            placed = [slice(0, b - a) for a, b in bounds]  # where the read block sits in this device's block
             if source.vocab_axis is not None and source.pretrained_rows is not None:  # both or neither
                 a, b = read[source.vocab_axis]
-                read[source.vocab_axis] = (a, max(a, min(b, source.pretrained_rows)))
+                first, rows = source.first_row, source.pretrained_rows
+                start = max(a, first)
+                stop = max(start, min(b, first + rows))
+                read[source.vocab_axis] = (start - first, stop - first)
+                placed[source.vocab_axis] = slice(start - a, stop - a)
             read_shape = tuple(b - a for a, b in read)
             if 0 in read_shape:
                 block = np.zeros(out_shape, dtype)
@@ -616,9 +633,9 @@ def _host_slice_fn(ckpt: SafetensorsCheckpoint, source: TensorSource, dtype: np.
                 if source.scale != 1.0:
                     block = block.astype(np.float32) * np.float32(source.scale)
                 block = np.ascontiguousarray(block, dtype=dtype)
-                if read_shape != out_shape:  # Rows beyond the pretrained vocabulary: filled from fresh_params.
+                if read_shape != out_shape:  # Rows outside the pretrained ones: filled from fresh_params.
                     padded = np.zeros(out_shape, dtype)
-                    padded[tuple(slice(0, n) for n in read_shape)] = block
+                    padded[tuple(placed)] = block
                     block = padded
             cache[key] = block
         return cache[key]
@@ -640,25 +657,36 @@ def _fresh_value(path: str, fresh: Any, sharding: Sharding) -> jax.Array:
     return jax.device_put(fresh, sharding)
 
 
-def mix_vocabulary_rows(*, source: Any, fresh: Any, axis: int, rows: int, sharding: Sharding) -> jax.Array:
-    """The first `rows` entries along `axis` from `source`, the rest from `fresh`, in `fresh`'s dtype on `sharding`.
+def mix_vocabulary_rows(*, source: Any, fresh: Any, axis: int, rows: int, sharding: Sharding,
+                        first: int = 0) -> jax.Array:
+    """The `rows` entries from `first` on along `axis` from `source`, the rest from `fresh`, in `fresh`'s dtype on
+    `sharding`.
 
-    Why: a run with more tokens than its starting point (docid tokens appended after the word pieces) keeps the
-    trained rows and takes the new ones from its own initialisation. `fresh` has the result's shape; `source` may be
-    just as large (entries past `rows` ignored) or hold only the trained rows; other axes must be equal.
+    Why: a run with more tokens than its starting point (docid tokens appended after the word pieces, or new ids
+    before a checkpoint's shifted ones) keeps the trained rows and takes the new ones from its own initialisation.
+    `fresh` has the result's shape; `source` may be just as large (entries outside the rows ignored) or end with
+    the trained rows; other axes must be equal.
     """
     source_shape, fresh_shape = tuple(source.shape), tuple(fresh.shape)
-    if (len(source_shape) != len(fresh_shape) or not 0 <= axis < len(fresh_shape)
-            or not rows <= min(source_shape[axis], fresh_shape[axis])
+    if (len(source_shape) != len(fresh_shape) or not 0 <= axis < len(fresh_shape) or first < 0
+            or not first + rows <= min(source_shape[axis], fresh_shape[axis])
             or any(a != b for i, (a, b) in enumerate(zip(source_shape, fresh_shape)) if i != axis)):
-        raise ValueError(f"cannot take {rows} rows along axis {axis} of a {source_shape} array into a {fresh_shape} "
-                         f"one: only the vocabulary axis may differ, and both must hold the rows")
-    kept = (slice(None),) * axis + (slice(0, rows),)
+        raise ValueError(f"cannot take {rows} rows from {first} along axis {axis} of a {source_shape} array into a "
+                         f"{fresh_shape} one: only the vocabulary axis may differ, and both must hold the rows")
+    kept = (slice(None),) * axis + (slice(first, first + rows),)
 
     def mix(source, fresh):
         return fresh.at[kept].set(source[kept].astype(fresh.dtype))
 
     return jax.jit(mix, out_shardings=sharding)(source, fresh)
+
+
+def with_fresh_rows(value: jax.Array, *, source: TensorSource, fresh: Any, sharding: Sharding) -> jax.Array:
+    """`value` (`sharded_tensor` of `source`, zeros outside the checkpoint's rows) with those rows from `fresh`."""
+    if source.vocab_axis is None or source.pretrained_rows is None:
+        raise ValueError(f"{source.name} has no vocabulary axis")
+    return mix_vocabulary_rows(source=value, fresh=fresh, axis=source.vocab_axis, rows=source.pretrained_rows,
+                               first=source.first_row, sharding=sharding)
 
 
 def load_pretrained_params(*, checkpoint_dir: PathLike, config: network.T5Config, fresh_params: Any,
@@ -770,10 +798,9 @@ def load_pretrained_params(*, checkpoint_dir: PathLike, config: network.T5Config
                 counts["fresh"] += 1
                 continue
             value = sharded_tensor(ckpt, source, sharding=sharding, dtype=leaf.dtype)
-            if (source.vocab_axis is not None and source.pretrained_rows is not None  # both or neither
-                    and source.shape[source.vocab_axis] > source.pretrained_rows):
-                value = mix_vocabulary_rows(source=value, fresh=_fresh_value(path, leaf, sharding),
-                                            axis=source.vocab_axis, rows=source.pretrained_rows, sharding=sharding)
+            if source.fresh_rows:
+                value = with_fresh_rows(value, source=source, fresh=_fresh_value(path, leaf, sharding),
+                                        sharding=sharding)
                 counts["mixed"] += 1
             else:
                 counts["pretrained"] += 1

@@ -25,6 +25,8 @@ import sentencepiece as spm
 if TYPE_CHECKING:  # seqio imports TensorFlow; keep it out of the import path of the training tools.
     import seqio
 
+    from gr_jax.data.hf_tokenizer import HFTokenizerVocabulary
+
 PAD_ID = 0
 EOS_ID = 1
 UNK_ID = 2
@@ -162,14 +164,20 @@ def vocabulary_file(data: Any) -> pathlib.Path:
     return pathlib.Path(data.vocabulary_path or pathlib.Path(data.data_dir) / MODEL_FILENAME)
 
 
-def load_vocabulary(path: PathLike) -> "seqio.SentencePieceVocabulary | HostSentencePieceVocabulary":
-    """Loads a vocabulary trained by `train_sentencepiece` (a `spm.model` file, or the data dir holding it).
+def load_vocabulary(
+        path: PathLike) -> "seqio.SentencePieceVocabulary | HostSentencePieceVocabulary | HFTokenizerVocabulary":
+    """Loads a vocabulary trained by `train_sentencepiece` (a `spm.model` file, or the data dir holding it), or a
+    Hugging Face checkpoint's `tokenizer.json` (any `.json` file: `gr_jax.data.hf_tokenizer`, its ids shifted past
+    PAD and EOS).
 
     Checks the T5 id convention, since a model trained with a different one would silently learn to
     emit the wrong end-of-sequence token. `extra_ids=0`: generative retrieval needs no sentinels.
     seqio's vocabulary where seqio (and TensorFlow) can be imported, else `HostSentencePieceVocabulary`.
     """
     path = pathlib.Path(path)
+    if path.suffix == ".json":
+        from gr_jax.data.hf_tokenizer import HFTokenizerVocabulary  # seqio and TensorFlow: only for such runs
+        return HFTokenizerVocabulary(path, pad_id=PAD_ID, eos_id=EOS_ID)
     if path.is_dir():
         path = path / MODEL_FILENAME
     if not path.is_file():

@@ -22,7 +22,7 @@ import logging
 import os
 import re
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Protocol, runtime_checkable
 
 import flax.linen as nn
 from flax import traverse_util
@@ -31,7 +31,6 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec, Sharding
 
 from gr_jax import layer_layout
-from gr_jax import pretrained
 from gr_jax.checkpoints import Checkpointer
 from gr_jax.network import T5Config
 from gr_jax.partitioning import path_str
@@ -169,15 +168,25 @@ def initialize_from_run(*, state: TrainState, trainer: Trainer, model_dir: str |
     return dataclasses.replace(state, params=jax.tree_util.tree_map(jnp.asarray, params))
 
 
-def initialize_from_pretrained(*, state: TrainState, trainer: Trainer, checkpoint_dir: str | os.PathLike,
-                               fresh_patterns: Sequence[str] = ()) -> TrainState:
-    """A freshly initialised train state with its params replaced by the checkpoint's (on the trainer's shardings).
+@runtime_checkable
+class LoadsCheckpoints(Protocol):
+    """A model that reads its network's parameters from a Hugging Face checkpoint of its family (T5.1.1:
+    `EncoderDecoderModel`; Llama / Mistral / Qwen: `gr_jax.decoder_only.model.DecoderOnlyModel`)."""
+
+    def params_from_checkpoint(self, *, checkpoint_dir: str, fresh: Any, shardings: Any) -> Any: ...
+
+
+def initialize_from_pretrained(*, state: TrainState, trainer: Trainer, checkpoint_dir: str | os.PathLike
+                               ) -> TrainState:
+    """A freshly initialised train state with its params replaced by the checkpoint's (on the trainer's shardings),
+    read by the trainer's model (`LoadsCheckpoints`); what the checkpoint does not hold stays as initialised.
 
     Call once, before step 0, when there is no checkpoint of the run to resume from. The optimizer state is kept:
     Adafactor's and Adam's initial statistics do not depend on the parameter values.
     """
-    config, head = _network(trainer)
-    params = pretrained.load_pretrained_params(checkpoint_dir=checkpoint_dir, config=config, head=head,
-                                               fresh_params=state.params,
-                                               shardings=trainer.state_shardings.params, fresh_patterns=fresh_patterns)
+    model = trainer.model
+    if not isinstance(model, LoadsCheckpoints):
+        raise TypeError(f"a {type(model).__name__} reads no Hugging Face checkpoint ({checkpoint_dir})")
+    params = model.params_from_checkpoint(checkpoint_dir=str(checkpoint_dir), fresh=state.params,
+                                          shardings=trainer.state_shardings.params)
     return dataclasses.replace(state, params=params)

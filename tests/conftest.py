@@ -112,3 +112,40 @@ def micro_ranked_run_args(*, data, model_dir, name: str, steps: int = 2, gin_fil
             f"--gin.DATASET_NAME='{name}'", "--gin.INPUT_LENGTH=192", "--gin.TARGET_LENGTH=32", "--gin.BATCH_SIZE=8",
             "--gin.network.T5Config.num_encoder_layers=1", "--gin.network.T5Config.num_decoder_layers=1",
             "--gin.training.EvalConfig.num_beams=4", "--gin.training.EvalConfig.batch_size=8", *bindings]
+
+
+@pytest.fixture(scope="session")
+def hf_checkpoint_dir(tmp_path_factory) -> pathlib.Path:
+    """A tiny Hugging Face Qwen3 checkpoint dir as a user brings one: the Qwen3 fixture's config.json (24 wide, 2
+    layers) with random weights and a byte-level BPE tokenizer.json trained on the `tasks` fixture's texts (digits
+    one per token, as Qwen's; a post-processor that adds a BOS before every text, as Llama's adds `<s>`). Its
+    embedding has 16 rows more than the tokenizer has ids, as published checkpoints pad theirs."""
+    import json
+
+    import numpy as np
+    import tokenizers
+    from safetensors.numpy import save_file
+    from tokenizers import decoders, models, pre_tokenizers, processors, trainers
+
+    from gr_jax.decoder_only.pretrained import read_config, tensor_sources
+    path = tmp_path_factory.mktemp("hf") / "qwen3_micro"
+    path.mkdir()
+    texts = [line.split("\t", 1)[1] for name in ("collection.tsv", "queries.train.tsv", "queries.dev.tsv")
+             for line in (FIXTURES / "tasks" / name).read_text().splitlines()]
+    tokenizer = tokenizers.Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                       pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.train_from_iterator(texts, trainers.BpeTrainer(
+        vocab_size=320, special_tokens=["<|bos|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer.post_processor = processors.TemplateProcessing(single="<|bos|> $A", special_tokens=[("<|bos|>", 0)])
+    tokenizer.save(str(path / "tokenizer.json"))
+    config = json.loads((FIXTURES / "decoder_only" / "qwen3" / "config.json").read_text())
+    config["vocab_size"] = tokenizer.get_vocab_size(with_added_tokens=True) + 16
+    (path / "config.json").write_text(json.dumps(config))
+    rng = np.random.default_rng(0)
+    weights = {source.name: (1 + 0.1 * rng.standard_normal(source.hf_shape) if "norm" in source.name
+                             else 0.3 * rng.standard_normal(source.hf_shape)).astype(np.float32)
+               for source in tensor_sources(read_config(path).config).values()}
+    save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
+    return path

@@ -151,6 +151,43 @@ def test_lora_and_layer_adapters_start_on_a_checkpoint_from_their_initialisers()
                                        atol=1e-5 * np.abs(expected).max())
 
 
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])  # tied embedding; a separate output layer
+def test_a_checkpoints_token_rows_follow_the_reserved_ids_and_new_rows_come_from_fresh(arch):
+    """A run's vocabulary shifts the checkpoint tokenizer's ids by 2 (PAD and EOS first, `gr_jax.data.hf_tokenizer`)
+    and appends docid tokens: token_offset=2 into 128 rows puts the checkpoint's 96 rows at [2, 98), the rest from
+    `fresh`, so the network on the shifted ids gives transformers' logits in the checkpoint's columns."""
+    checkpoint = FIXTURES / arch
+    reference = np.load(checkpoint / "reference.npz")
+    ids, valid = jnp.asarray(reference["input_ids"], jnp.int32), jnp.asarray(valid_rows(reference))
+    config = pretrained.config_from_checkpoint(checkpoint).with_vocab_size(98)
+    assert config.vocab == 128
+    model = DecoderOnlyTransformer(config)
+    fresh = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32))["params"]
+    shardings = partitioning.logical_shardings(fresh, mesh=partitioning.make_mesh(data=4, model=2))
+    fresh = jax.tree.map(jax.device_put, nn.unbox(fresh), shardings)
+    with pytest.raises(ValueError, match="fresh="):
+        pretrained.load_params(checkpoint_dir=checkpoint, config=config, shardings=shardings, token_offset=2)
+    with pytest.raises(ValueError, match="do not fit"):
+        pretrained.load_params(checkpoint_dir=checkpoint, config=config, shardings=shardings, fresh=fresh,
+                               token_offset=33)
+    params = pretrained.load_params(checkpoint_dir=checkpoint, config=config, shardings=shardings, fresh=fresh,
+                                    token_offset=2)
+    tensors = hf_tensors(checkpoint)
+    rows = [("token_embedder", 0, tensors["model.embed_tokens.weight"])]
+    if not config.tie_embeddings:
+        rows.append(("output", 1, tensors["lm_head.weight"].T))
+    for name, axis, theirs in rows:
+        ours, initial = np.asarray(params[name]), np.asarray(fresh[name])
+        np.testing.assert_array_equal(np.take(ours, range(2, 98), axis=axis), theirs, err_msg=name)
+        new = [0, 1, *range(98, 128)]
+        np.testing.assert_array_equal(np.take(ours, new, axis=axis), np.take(initial, new, axis=axis), err_msg=name)
+    shifted = jnp.where(valid, ids + 2, 0)
+    logits = np.asarray(model.apply({"params": params}, shifted, positions=left_padded_positions(valid), valid=valid))
+    expected = reference["logits"][valid_rows(reference)]
+    np.testing.assert_allclose(logits[..., 2:98][valid_rows(reference)], expected, rtol=0,
+                               atol=1e-5 * np.abs(expected).max())
+
+
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_cached_greedy_decoding_continues_as_transformers(arch):
     checkpoint = FIXTURES / arch

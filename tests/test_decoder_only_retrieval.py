@@ -1,8 +1,9 @@
 """The decoder-only family as a generative retriever (gr_jax.decoder_only.model, .experiment): the loss over the
 query block and the docid tokens equals the loss of each example written as one unpadded sequence; the constrained
-beam search ranks every docid as brute-force scoring does; a micro run trains and evaluates through the entry
-point; the Qwen3-0.6B size file has the published parameter counts."""
+beam search ranks every docid as brute-force scoring does; a LoRA run from a Hugging Face checkpoint trains and
+evaluates through the entry point; the Qwen3-0.6B size file has the published parameter counts."""
 import json
+import shutil
 
 import flax.linen as nn
 import gin
@@ -117,20 +118,29 @@ def test_constrained_beam_search_ranks_every_docid_as_brute_force(model_and_para
     np.testing.assert_allclose(np.asarray(top.log_probs), np.asarray(result.scores[:, 0]), rtol=1e-5)
 
 
-def test_a_micro_lora_run_with_a_prompt_trains_and_evaluates_through_the_entry_point(spm_data_dir, tmp_path):
-    """decoder_only/train.gin + micro.gin + lora.gin and a prompt template: 3 steps, a checkpoint of the adapters
-    and embedding only, constrained evaluation of the restored state on the merged network; the frozen base is as
-    initialised."""
+def test_a_lora_run_from_a_hugging_face_checkpoint_with_a_prompt_trains_and_evaluates_through_the_entry_point(
+        spm_data_dir, hf_checkpoint_dir, tmp_path):
+    """decoder_only/train.gin + from_checkpoint.gin + lora.gin on a tiny Qwen3 checkpoint dir, with a prompt
+    template: the network is its config.json's, queries and naive docids are tokenised by its tokenizer.json, its
+    token rows follow PAD and EOS and the docid tokens' rows are appended; 3 steps, a checkpoint of the adapters and
+    embedding only, constrained evaluation of the restored state on the merged network, whose frozen base is the
+    checkpoint's."""
+    from safetensors.numpy import load_file
+
     from gr_jax import train as train_main
+    from gr_jax.data.hf_tokenizer import HFTokenizerVocabulary
+    data = tmp_path / "data"
+    shutil.copytree(spm_data_dir, data)  # its naive docid table is cached beside it, in this vocabulary's tokens
     model_dir = tmp_path / "run"
     gin.clear_config()
     try:
-        train_main.main(["--gin_file=decoder_only/train.gin", "--gin_file=decoder_only/micro.gin",
-                         "--gin_file=decoder_only/lora.gin", "--gin.decoder_only_experiment.PromptTemplate.prefix="
-                         "'query:'", "--gin.decoder_only_experiment.PromptTemplate.suffix='document'",
-                         f"--gin.DATA_DIR='{spm_data_dir}'", f"--gin.MODEL_DIR='{model_dir}'",
-                         "--gin.DATASET_NAME='decoder_only'", "--gin.DOCID_SCHEME='naive'", "--gin.TRAIN_STEPS=3",
-                         "--gin.INPUT_LENGTH=16", "--gin.TARGET_LENGTH=12", "--gin.BATCH_SIZE=8",
+        train_main.main(["--gin_file=decoder_only/train.gin", "--gin_file=decoder_only/from_checkpoint.gin",
+                         "--gin_file=decoder_only/lora.gin", f"--gin.INIT_CHECKPOINT='{hf_checkpoint_dir}'",
+                         "--gin.decoder_only_experiment.PromptTemplate.prefix='<|bos|>query:'",
+                         "--gin.decoder_only_experiment.PromptTemplate.suffix='document'",
+                         f"--gin.DATA_DIR='{data}'", f"--gin.MODEL_DIR='{model_dir}'",
+                         "--gin.DATASET_NAME='decoder_only_hf'", "--gin.DOCID_SCHEME='naive'", "--gin.TRAIN_STEPS=3",
+                         "--gin.INPUT_LENGTH=24", "--gin.TARGET_LENGTH=12", "--gin.BATCH_SIZE=8",
                          "--gin.WARMUP_STEPS=0", "--gin.training.EvalConfig.num_beams=4",
                          "--gin.training.EvalConfig.batch_size=8"])
     finally:
@@ -140,21 +150,32 @@ def test_a_micro_lora_run_with_a_prompt_trains_and_evaluates_through_the_entry_p
     assert metrics["eval/invalid_docid_rate"] == 0  # constrained: only docids come out
     assert np.isfinite(metrics["train/loss"]) and metrics["train/loss"] > 0
     config = (model_dir / "config.gin").read_text()
-    assert "DecoderOnlyExperiment()" in config and "prefix = 'query:'" in config and "rank = 16" in config
+    assert "DecoderOnlyExperiment()" in config and "prefix = '<|bos|>query:'" in config and "rank = 16" in config
     from gr_jax.search import restore_run
     gin.clear_config()
     try:
         built = restore_run(str(model_dir))
     finally:
         gin.clear_config()
-    assert built.model.prompt_prefix and built.model.config.lora.rank == 16
-    # The checkpoint holds the adapters and the embedding only; the frozen base comes back from the run's seed.
+    vocabulary = built.vocabulary
+    assert isinstance(vocabulary, HFTokenizerVocabulary) and vocabulary.path.parent == hf_checkpoint_dir.resolve()
+    assert built.model.prompt_prefix[0] == vocabulary.encode("<|bos|>")[0] and built.model.token_offset == 2
+    network = built.model.config
+    assert (network.emb_dim, network.num_layers, network.qk_norm, network.lora.rank) == (24, 2, True, 16)
+    assert network.vocab_size >= built.docid_space.model_vocab_size > vocabulary.vocab_size
+    # The run starts from the checkpoint: its token rows after PAD and EOS, its kernels as the frozen base.
+    tensors = load_file(str(hf_checkpoint_dir / "model.safetensors"))
+    start = built.init_state().params
+    rows = tensors["model.embed_tokens.weight"].shape[0]
+    np.testing.assert_array_equal(np.asarray(start["token_embedder"])[2:2 + rows], tensors["model.embed_tokens.weight"])
+    np.testing.assert_array_equal(np.asarray(start["layers_1"]["mlp"]["wo"]),
+                                  tensors["model.layers.1.mlp.down_proj.weight"].T)
+    # The checkpoint holds the adapters and the embedding only; the frozen base comes back from the checkpoint dir.
     saved = built.checkpointer.saved_params(3)
     assert saved and all("_lora_" in name or name == "token_embedder" for name in saved), sorted(saved)
     assert len(saved) == 1 + 2 * 7 * 2  # the embedding; A and B of 7 kernels in each of 2 layers
     trained, _ = built.restore(3)
-    start = built.init_state()
-    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(start.params), jax.tree.leaves(trained.params)):
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(start), jax.tree.leaves(trained.params)):
         name = jax.tree_util.keystr(path)
         if "_lora_" not in name and "token_embedder" not in name:
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=name)
@@ -162,6 +183,19 @@ def test_a_micro_lora_run_with_a_prompt_trains_and_evaluates_through_the_entry_p
     assert step == 3
     for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(trained.params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_a_hugging_face_start_with_another_vocabulary_is_an_error(spm_data_dir, hf_checkpoint_dir, tmp_path):
+    gin.clear_config()
+    try:
+        gin_utils.parse_gin(gin_files=["decoder_only/train.gin", "decoder_only/from_checkpoint.gin"],
+                            bindings=[f"INIT_CHECKPOINT = '{hf_checkpoint_dir}'", f"DATA_DIR = '{spm_data_dir}'",
+                                      f"MODEL_DIR = '{tmp_path / 'run'}'", "DATASET_NAME = 'hf_mismatch'",
+                                      "TRAIN_STEPS = 1", "experiment.DatasetConfig.vocabulary_path = None"])
+        with pytest.raises(ValueError, match=r"tokenises with its tokenizer.json, not .*spm.model"):
+            gin.query_parameter("%EXPERIMENT").scoped_configurable_fn().build()
+    finally:
+        gin.clear_config()
 
 
 def test_qwen3_0_6b_size_file_has_the_published_parameter_counts():

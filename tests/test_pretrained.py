@@ -410,7 +410,7 @@ def test_mix_vocabulary_rows_takes_the_first_rows_from_source_and_the_rest_fresh
                                                sharding=sharding)
         np.testing.assert_array_equal(np.asarray(mixed), expected)
         assert mixed.sharding == sharding and mixed.dtype == jnp.float32
-    with pytest.raises(ValueError, match=r"cannot take 5 rows along axis 1 of a \(3, 5\) array into a \(4, 12\)"):
+    with pytest.raises(ValueError, match=r"cannot take 5 rows from 0 along axis 1 of a \(3, 5\) array into a \(4, 12"):
         pretrained.mix_vocabulary_rows(source=jnp.zeros((3, 5)), fresh=jnp.asarray(fresh), axis=1, rows=5,
                                        sharding=sharding)
 

@@ -7,8 +7,10 @@ tokens). gin: `gin_configs/decoder_only/train.gin` (with a size file, e.g. `deco
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 from typing import Any
 
+from gr_jax.data.hf_tokenizer import TOKENIZER_FILENAME, HFTokenizerVocabulary
 from gr_jax.decoder_only.model import DecoderOnlyModel
 from gr_jax.decoder_only.network import DecoderOnlyConfig
 from gr_jax.experiment import Built, GenerativeFamily
@@ -39,20 +41,29 @@ class PromptTemplate:
 class DecoderOnlyExperiment(GenerativeFamily):
     """network_config: the network (vocab_size None: the run's pieces and docid tokens, rounded up to a multiple of
     128). prompt: the template around each query. init_checkpoint: a gr_jax run dir of this family to start
-    from."""
+    from, or a Hugging Face Llama / Mistral / Qwen checkpoint dir (`decoder_only/from_checkpoint.gin`: the network
+    from its config.json, the queries and naive docids tokenised by its tokenizer.json, its token rows kept after
+    two new ones for PAD and EOS and the docid tokens' rows appended fresh)."""
     network_config: DecoderOnlyConfig
     prompt: PromptTemplate = PromptTemplate()
 
-    def __post_init__(self):
-        if self.init_checkpoint and not RunDir.of(self.init_checkpoint).is_run():
-            raise ValueError(f"init_checkpoint {self.init_checkpoint}: a decoder-only retrieval run starts from a "
-                             "gr_jax run dir; starting it from a Hugging Face checkpoint (docid tokens appended to "
-                             "its vocabulary) is not implemented yet (docs/decoder_only.md)")
+    @property
+    def from_hugging_face(self) -> bool:
+        return self.init_checkpoint is not None and not RunDir.of(self.init_checkpoint).is_run()
 
     def build(self, *, keep_checkpoints: int = 3) -> Built:
         """Reads the vocabulary and docid space, registers the tasks and builds the model for them (no parameter
         is allocated)."""
-        vocabulary = load_vocabulary(vocabulary_file(self.dataset))
+        path = vocabulary_file(self.dataset)
+        vocabulary = load_vocabulary(path)
+        token_offset = 0
+        if self.from_hugging_face:
+            checkpoint = pathlib.Path(str(self.init_checkpoint)).resolve()
+            if not (isinstance(vocabulary, HFTokenizerVocabulary) and vocabulary.path.parent == checkpoint):
+                raise ValueError(f"init_checkpoint {self.init_checkpoint} is a Hugging Face checkpoint: the run "
+                                 f"tokenises with its {TOKENIZER_FILENAME}, not {path} (DatasetConfig."
+                                 "vocabulary_path; decoder_only/from_checkpoint.gin sets both)")
+            token_offset = vocabulary.id_offset
         docid_space = self.dataset.docid_space()
         if docid_space is None:
             raise ValueError(f"{self.dataset.mixture_name!r} has no docids: the decoder-only family retrieves")
@@ -65,7 +76,8 @@ class DecoderOnlyExperiment(GenerativeFamily):
             raise ValueError(f"DecoderOnlyConfig.vocab_size={config.vocab_size} is smaller than the {needed} token "
                              "ids the vocabulary and docids need")
         prefix, suffix = self.prompt.token_ids(vocabulary)
-        model = DecoderOnlyModel(config=config, loss=self.loss, prompt_prefix=prefix, prompt_suffix=suffix)
+        model = DecoderOnlyModel(config=config, loss=self.loss, prompt_prefix=prefix, prompt_suffix=suffix,
+                                 token_offset=token_offset)
         mesh, trainer, checkpointer = self.training_parts(model, keep_checkpoints=keep_checkpoints,
                                                           frozen=model.frozen_parameters)
         return Built(experiment=self, vocabulary=vocabulary, docid_space=docid_space, model=model, mesh=mesh,

@@ -25,6 +25,7 @@ from gr_jax import lora
 from gr_jax import losses
 from gr_jax.data.features import SOFT_TARGET_MASS, SOFT_TARGET_TOKENS
 from gr_jax.decoder_only.network import DecoderOnlyConfig, DecoderOnlyTransformer, KVCache, left_padded_positions
+from gr_jax.decoder_only.pretrained import load_params
 from gr_jax.docids.trie import Trie
 from gr_jax.models import sequence_log_likelihood
 from gr_jax.network import Array
@@ -43,6 +44,9 @@ class DecoderOnlyModel:
     # [prompt_prefix, query (right-padded), prompt_suffix], its pads masked and skipped by the rotary positions.
     prompt_prefix: tuple[int, ...] = ()
     prompt_suffix: tuple[int, ...] = ()
+    # Where a Hugging Face checkpoint's token rows start among the model's (`params_from_checkpoint`): the run's
+    # vocabulary's shift of the checkpoint tokenizer's ids (`gr_jax.data.hf_tokenizer`).
+    token_offset: int = 0
 
     # What a generative run asks of its model beyond training and decoding: no pretrained tower.
     encoder_tower = None
@@ -72,6 +76,14 @@ class DecoderOnlyModel:
     def pretrained_params(self, *, abstract: Any) -> None:
         del abstract
         return None
+
+    def params_from_checkpoint(self, *, checkpoint_dir: str, fresh: Any, shardings: Any) -> Any:
+        """The network's parameters from a Hugging Face Llama / Mistral / Qwen checkpoint
+        (`gr_jax.decoder_only.pretrained`), its token rows from row `token_offset` on; `fresh` (the initialised
+        parameters) gives the rest: the rows before and after them (PAD and EOS, the docid tokens) and the
+        adapters."""
+        return load_params(checkpoint_dir=checkpoint_dir, config=self.config, shardings=shardings, fresh=fresh,
+                           token_offset=self.token_offset)
 
     def init(self, rng: Array, *, input_length: int, target_length: int) -> Mapping[str, Any]:
         """Boxed variables for queries of `input_length` tokens and `target_length` docid positions."""

@@ -38,8 +38,10 @@ from jax.sharding import Sharding
 
 from gr_jax.data.readers import DataFormatError
 from gr_jax.decoder_only.network import DecoderOnlyConfig, Llama3RopeScaling
+from gr_jax.lora import LoraConfig
 from gr_jax.pretrained import (
-    PathLike, SafetensorsCheckpoint, TensorSource, json_field, json_line, read_config_json, sharded_tensor)
+    PathLike, SafetensorsCheckpoint, TensorSource, json_field, json_line, read_config_json, sharded_tensor,
+    with_fresh_rows)
 
 logger = logging.getLogger(__name__)
 
@@ -132,14 +134,31 @@ def _rope(raw: Mapping[str, Any], *, path: pathlib.Path, text: str) -> tuple[flo
                                  ) from None
 
 
-def tensor_sources(config: DecoderOnlyConfig) -> dict[str, TensorSource]:
-    """Our unscanned parameter paths -> the HF tensor each is read from, with its layout."""
+def config_from_checkpoint(checkpoint_dir: PathLike, *, dtype: str = "float32", param_dtype: str = "float32",
+                           scan_layers: bool = False, remat: bool = False, dropout_rate: float = 0.0,
+                           lora: Optional[LoraConfig] = None, adapter_dim: int = 0) -> DecoderOnlyConfig:
+    """The network of `checkpoint_dir/config.json` with the numerics and options a run chooses (gin:
+    `decoder_only/from_checkpoint.gin`). Its vocab_size is left unset: a run's vocabulary puts new ids before the
+    checkpoint's rows and its docid tokens after them (`gr_jax.data.hf_tokenizer`), and sets the size."""
+    hf = read_config(checkpoint_dir, dtype=dtype, param_dtype=param_dtype, scan_layers=scan_layers, remat=remat,
+                     dropout_rate=dropout_rate, lora=lora, adapter_dim=adapter_dim)
+    return dataclasses.replace(hf.config, vocab_size=None)
+
+
+def tensor_sources(config: DecoderOnlyConfig, *, checkpoint_vocab_size: Optional[int] = None,
+                   token_offset: int = 0) -> dict[str, TensorSource]:
+    """Our unscanned parameter paths -> the HF tensor each is read from, with its layout. The checkpoint's
+    `checkpoint_vocab_size` token rows (default: ours) sit in our rows from `token_offset` on; our other rows are
+    not the checkpoint's (`TensorSource.fresh_rows`)."""
     d, h, g, k, m, v = (config.emb_dim, config.num_heads, config.num_kv_heads, config.head_dim, config.mlp_dim,
                         config.vocab)
-    sources = {"token_embedder": TensorSource("model.embed_tokens.weight", "copy", (v, d), (v, d)),
+    rows = v if checkpoint_vocab_size is None else checkpoint_vocab_size
+    vocab = dict(pretrained_rows=rows, first_row=token_offset)
+    sources = {"token_embedder": TensorSource("model.embed_tokens.weight", "copy", (rows, d), (v, d), vocab_axis=0,
+                                              **vocab),
                "final_norm/scale": TensorSource("model.norm.weight", "copy", (d,), (d,))}
     if not config.tie_embeddings:
-        sources["output"] = TensorSource("lm_head.weight", "transpose", (v, d), (d, v))
+        sources["output"] = TensorSource("lm_head.weight", "transpose", (rows, d), (d, v), vocab_axis=1, **vocab)
     for i in range(config.num_layers):
         ours, theirs = f"layers_{i}", f"model.layers.{i}"
         attention = f"{theirs}.self_attn"
@@ -166,24 +185,35 @@ def tensor_sources(config: DecoderOnlyConfig) -> dict[str, TensorSource]:
 
 
 def load_params(*, checkpoint_dir: PathLike, config: DecoderOnlyConfig, shardings: Any,
-                fresh: Optional[Any] = None) -> Any:
+                fresh: Optional[Any] = None, token_offset: int = 0) -> Any:
     """The network's parameter tree from the checkpoint, each leaf on its `shardings` entry (`shardings` has the
     structure of the network's params, e.g. `partitioning.logical_shardings` of `jax.eval_shape(model.init, ...)`;
     scanned or not as `config.scan_layers`). Every tensor of the checkpoint must be used and every parameter
     found, with the shape config.json implies: a difference is an error naming the file. The parameters a
-    checkpoint cannot hold, which `config` adds to its network (LoRA's adapters, the per-layer adapters), are taken
-    from `fresh` (the network's initialised parameters, placed as `shardings`)."""
+    checkpoint cannot hold are taken from `fresh` (the network's initialised parameters, placed as `shardings`):
+    those `config` adds to its network (LoRA's adapters, the per-layer adapters) and the token rows that are not
+    the checkpoint's. The checkpoint's token rows become ours from `token_offset` on (a vocabulary whose ids are
+    the checkpoint's shifted, `gr_jax.data.hf_tokenizer`); `config.vocab_size` may be larger than config.json's
+    (docid tokens after them)."""
     flat_fresh = traverse_util.flatten_dict(fresh, sep="/") if fresh is not None else {}
     added = {path for path in traverse_util.flatten_dict(shardings, sep="/") if _added_by_config(path)}
     if added and fresh is None:
         raise ValueError(f"the network adds {len(added)} parameters no checkpoint holds (e.g. {sorted(added)[0]}): "
                          "give their initial values as fresh=")
     hf = read_config(checkpoint_dir, **_numerics(config))
-    if hf.config != config:
+    rows = hf.config.vocab
+    if token_offset < 0 or token_offset + rows > config.vocab:
+        raise ValueError(f"{hf.path}: its {rows} token rows from row {token_offset} on do not fit the network's "
+                         f"vocab_size {config.vocab}")
+    if hf.config != dataclasses.replace(config, vocab_size=rows):
         differing = [f.name for f in dataclasses.fields(config)
-                     if getattr(config, f.name) != getattr(hf.config, f.name)]
+                     if f.name != "vocab_size" and getattr(config, f.name) != getattr(hf.config, f.name)]
         raise ValueError(f"{hf.path} describes another network: fields {differing} differ")
-    sources = tensor_sources(dataclasses.replace(config, scan_layers=False, lora=None, adapter_dim=0))
+    sources = tensor_sources(dataclasses.replace(config, scan_layers=False, lora=None, adapter_dim=0),
+                             checkpoint_vocab_size=rows, token_offset=token_offset)
+    if fresh is None and any(source.fresh_rows for source in sources.values()):
+        raise ValueError(f"the network has {config.vocab} token rows, {hf.path} {rows} (from row {token_offset}): "
+                         "give the other rows' initial values as fresh=")
     flat_shardings = {path: sharding for path, sharding in traverse_util.flatten_dict(shardings, sep="/").items()
                       if path not in added}
     wanted = {_unscanned_path(path, layer) for path in flat_shardings
@@ -212,7 +242,11 @@ def load_params(*, checkpoint_dir: PathLike, config: DecoderOnlyConfig, sharding
                                          dtype=dtype) for i in range(config.num_layers)]
                 flat[path] = jax.jit(lambda *xs: jnp.stack(xs), out_shardings=sharding)(*layers)
             else:
-                flat[path] = sharded_tensor(ckpt, sources[path], sharding=sharding, dtype=dtype)
+                source = sources[path]
+                flat[path] = sharded_tensor(ckpt, source, sharding=sharding, dtype=dtype)
+                if source.fresh_rows:
+                    flat[path] = with_fresh_rows(flat[path], source=source, sharding=sharding,
+                                                 fresh=jax.device_put(flat_fresh[path], sharding))
     flat.update({path: flat_fresh[path] for path in added})
     logger.info("loaded %s (%s): %d tensors", checkpoint_dir, hf.model_type, len(sources))
     return traverse_util.unflatten_dict(flat, sep="/")
