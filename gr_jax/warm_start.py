@@ -146,13 +146,13 @@ def params_from_run(*, model_dir: str | os.PathLike, fresh_params: Any, sharding
                    out_shardings=our_shardings)(params)
 
 
-def _network(trainer: Trainer) -> tuple[T5Config, OutputHead]:
-    """The T5 network and output head of the trainer's model: warm starts fill an encoder-decoder's parameters
-    (`EncoderDecoderModel`, whose `config` and `head` they are); another family's model has none to fill."""
+def _network(trainer: Trainer) -> tuple[Optional[T5Config], Optional[OutputHead]]:
+    """The T5 network and output head of the trainer's model, which a warm start needs to convert a source run of
+    the other layer layout and to know the head's new parameters; (None, None) for another family's model (the
+    decoder-only network), whose source run is matched by path in its own layout."""
     config = getattr(trainer.model, "config", None)
     if not isinstance(config, T5Config):
-        raise TypeError(f"a warm start (init_checkpoint) fills a T5 network's parameters; the trainer's model is a "
-                        f"{type(trainer.model).__name__}, whose config is {type(config).__name__}")
+        return None, None
     return config, getattr(trainer.model, "head")
 
 

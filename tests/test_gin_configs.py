@@ -171,6 +171,20 @@ def test_ranking_gins_train_a_generative_experiment_on_ranked_lists(extra, weigh
     assert (data.run_file, data.depth, data.indexing) == (None, None, False)
 
 
+def test_the_decoder_only_experiment_gin_switches_the_family_and_keeps_the_study_and_its_data():
+    from gr_jax.decoder_only.experiment import DecoderOnlyExperiment
+    from gr_jax.ranking.data import RankedListData
+    gin_utils.parse_gin(gin_files=["experiments/study_cpu.gin", "ranking/ranked_lists.gin", "ranking/trie.gin",
+                                   "decoder_only/experiment.gin", "decoder_only/p2m.gin"],
+                        bindings=["MODEL_DIR = '/tmp/unused'", "DATA_DIR = '/tmp/data'"])
+    experiment = gin.query_parameter("%EXPERIMENT").scoped_configurable_fn()
+    assert isinstance(experiment, DecoderOnlyExperiment) and isinstance(experiment.dataset, RankedListData)
+    assert repr(experiment.dataset.token_targets) == "TrieTargets(beta=2.0, from_rank=False, max_children=24)"
+    # study_cpu.gin's settings, which decoder_only/train.gin (runs/train.gin again) would have reset.
+    assert (experiment.batch_size, experiment.learning_rate(10_000)) == (32, pytest.approx(3e-3))
+    assert experiment.network_config.num_layers == 4  # T5 p2m's 2 + 2 layers as one stack
+
+
 def test_ngram_gin_binds_an_ngram_experiment():
     from gr_jax.ngrams.experiment import NgramData, NgramExperiment
     gin_utils.parse_gin(gin_files=["experiments/study_cpu.gin", "ngrams/train.gin"],

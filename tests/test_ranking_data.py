@@ -259,6 +259,45 @@ def test_a_micro_run_trains_on_ranked_lists_and_is_ranking_evaluated(micro_run, 
     assert 0 <= by_sum["cvr"] <= 1 and by_sum["num_queries"] == result["num_queries"]
 
 
+def test_the_decoder_only_family_trains_on_ranked_lists_and_is_ranking_evaluated(micro_run, tmp_path, capsys):
+    """SToICaL's in-context setting with a decoder-only model (issue 33's experiment 2): decoder_only/experiment.gin
+    after the ranked-list data switches the family and keeps the data, combined targets included (item weights,
+    soft trie targets); the ranking evaluation scores each candidate list through the family's
+    `score_candidates`."""
+    import gin
+    from gr_jax import ranking_eval
+    from gr_jax import train as train_main
+    data, _ = micro_run
+    model_dir = tmp_path / "decoder_only"
+    gin.clear_config()
+    try:
+        train_main.main(micro_ranked_run_args(
+            data=data, model_dir=model_dir, name="ranked_decoder_only",
+            gin_files=["ranking/combined.gin", "decoder_only/experiment.gin", "decoder_only/micro.gin"]))
+    finally:
+        gin.clear_config()
+    assert "DecoderOnlyExperiment()" in (model_dir / "config.gin").read_text()
+    assert "RankedListData()" in (model_dir / "config.gin").read_text()
+    final = json.loads((model_dir / "final_metrics.json").read_text())
+    assert np.isfinite(final["train/loss"]) and final["eval/invalid_docid_rate"] == 0
+    ranking_eval.main(["--gin_file", str(model_dir / "config.gin"), "--gin.RANKING_SPLIT='dev'"])
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert 0 <= result["cvr"] <= 1 and 0 < result["ndcg"] <= 1 and result["step"] == 2
+    assert result["num_queries"] == len(open_dataset(data).qrels("dev"))
+    # Another run of the family warm-starts from this one (init_checkpoint a run dir): its parameters as trained.
+    from gr_jax import warm_start
+    from gr_jax.search import restore_run
+    gin.clear_config()
+    try:
+        built = restore_run(str(model_dir))
+    finally:
+        gin.clear_config()
+    started = warm_start.initialize_from_run(state=built.init_state(), trainer=built.trainer, model_dir=model_dir)
+    trained, _ = built.restore_params(2)
+    for a, b in zip(jax.tree.leaves(started.params), jax.tree.leaves(trained)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 def test_host_made_training_needs_no_tensorflow(micro_run, tmp_path):
     """A JAX-only host (an accelerator image without TensorFlow or seqio) trains on host-made data and writes its
     metrics; the losses equal those of the micro run, made with TensorFlow importable (the same tokens, batches and

@@ -67,6 +67,15 @@ def test_variants_run_once_and_baselines_score_the_same_candidates(hypernyms, tm
     assert again.commands == []
 
 
+def test_the_decoder_only_family_trains_each_variant_at_its_matched_size(tmp_path):
+    study = ranking_study.RankingStudy(data_dir="d", out_dir=tmp_path, variants=["trie2"], size="p2m", steps=8,
+                                       input_length=160, target_length=24, family="decoder_only")
+    command = study.train_command("trie2")
+    files = [a.split("=", 1)[1] for a in command if a.startswith("--gin_file=")]
+    assert files == ["experiments/study_cpu.gin", "ranking/ranked_lists.gin", "ranking/trie.gin",
+                     "decoder_only/experiment.gin", "decoder_only/p2m.gin"]
+
+
 def test_unknown_variants_are_refused(hypernyms, tmp_path):
     with pytest.raises(SystemExit):
         ranking_study.main(["--data_dir", str(hypernyms), "--out_dir", str(tmp_path), "--variants", "ntp,bogus"])

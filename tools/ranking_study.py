@@ -3,10 +3,12 @@
     python -m gr_jax.tools.ranking_study --data_dir data/hypernyms_mammal_ic --out_dir runs/ranking/mammal_ic \\
         --variants ntp,frac2,trie2,combined2,stepwise --size p2m --steps 800 --input_length 160 --target_length 24 \\
         [--splits dev,train] [--baseline_dims 4,8,16,32] [--baseline_steps 5000] [--baseline_batch 2048]
-        [--gin_file F] [--gin.KEY=VALUE]
+        [--family decoder_only] [--gin_file F] [--gin.KEY=VALUE]
 
 1. Each variant (`VARIANTS`: its gin files under `gin_configs/ranking/` and bindings) is one `python -m gr_jax.train`
-   process on `experiments/study_cpu.gin` + `ranking/ranked_lists.gin` + the size gin, into `{out_dir}/{variant}/`,
+   process on `experiments/study_cpu.gin` + `ranking/ranked_lists.gin` + the family's size gin (`--family t5`:
+   `models/t5_1_1/{size}.gin`; `decoder_only`: `decoder_only/experiment.gin` + `decoder_only/{size}.gin`, the
+   scaling grid's decoder-only sizes matched to T5's), into `{out_dir}/{variant}/`,
    skipped when its `final_metrics.json` exists (the run ends with its beam-search retrieval metrics on dev, nDCG@10
    with the graded qrels among them).
 2. `python -m gr_jax.ranking_eval` per variant and split (cached as the run's `ranking.{split}.{step}.json`): CVR,
@@ -39,6 +41,9 @@ from gr_jax.tools import run_study
 logger = logging.getLogger(__name__)
 
 STUDY_GIN = "experiments/study_cpu.gin"
+# A family's gin files at a size, after the study's and the variant's.
+FAMILY_GINS = {"t5": lambda size: [f"models/t5_1_1/{size}.gin"],
+               "decoder_only": lambda size: ["decoder_only/experiment.gin", f"decoder_only/{size}.gin"]}
 # name -> (label, gin files after ranking/ranked_lists.gin, bindings)
 VARIANTS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "ntp": ("NTP (top-1)", (), ()),
@@ -61,6 +66,7 @@ class RankingStudy:
     variants: Sequence[str]
     size: str
     steps: int
+    family: str = "t5"
     input_length: int
     target_length: int
     splits: Sequence[str] = ("dev", "train")
@@ -75,7 +81,7 @@ class RankingStudy:
     def train_command(self, variant: str) -> list[str]:
         _, files, bindings = VARIANTS[variant]
         model_dir = self.out_dir / variant
-        gins = [STUDY_GIN, "ranking/ranked_lists.gin", *files, f"models/t5_1_1/{self.size}.gin", *self.gin_files]
+        gins = [STUDY_GIN, "ranking/ranked_lists.gin", *files, *FAMILY_GINS[self.family](self.size), *self.gin_files]
         binds = [f"DATA_DIR = {self.data_dir!r}", f"DATASET_NAME = {'rank_' + variant!r}",
                  f"MODEL_DIR = {str(model_dir)!r}", f"TRAIN_STEPS = {self.steps}",
                  f"INPUT_LENGTH = {self.input_length}", f"TARGET_LENGTH = {self.target_length}", *bindings,
@@ -153,7 +159,8 @@ class RankingStudy:
 
     def run(self) -> dict[str, Any]:
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        results = {"data_dir": self.data_dir, "size": self.size, "steps": self.steps, "eval_split": "dev",
+        results = {"data_dir": self.data_dir, "family": self.family, "size": self.size, "steps": self.steps,
+                   "eval_split": "dev",
                    "variants": [self.run_variant(v) for v in self.variants]}
         cached = self.out_dir / "baselines.json"
         settings = {"dims": list(self.baseline_dims), "steps": self.baseline_steps, "batch": self.baseline_batch,
@@ -177,7 +184,8 @@ def _fmt(value: Optional[float], scale: float = 100.0) -> str:
 
 
 def report(results: dict[str, Any], *, splits: Sequence[str]) -> str:
-    lines = [f"# Ranking study: {results['data_dir']}, {results['size']}, {results['steps']} steps", ""]
+    lines = [f"# Ranking study: {results['data_dir']}, {results['family']} {results['size']}, {results['steps']} "
+             "steps", ""]
     for split in splits:
         lines += [f"## {split}", "", "| system | CVR % | nDCG | " + " | ".join(f"R@{k}" for k in range(1, MAX_K + 1))
                   + " | beam nDCG@10 | beam MRR@10 |", "|---" * (MAX_K + 5) + "|"]
@@ -238,7 +246,9 @@ def main(argv: Optional[Sequence[str]] = None, *, runner: Any = run_study.run_lo
     parser.add_argument("--out_dir", required=True)
     parser.add_argument("--variants", default="ntp,frac2,trie2,combined2,stepwise",
                         help=f"comma-separated, of {','.join(VARIANTS)}")
-    parser.add_argument("--size", default="p2m", help="a models/t5_1_1/{size}.gin name")
+    parser.add_argument("--family", default="t5", choices=sorted(FAMILY_GINS),
+                        help="the generative family: T5.1.1, or the decoder-only network at the matched size")
+    parser.add_argument("--size", default="p2m", help="a models/t5_1_1/{size}.gin or decoder_only/{size}.gin name")
     parser.add_argument("--steps", type=int, default=800)
     parser.add_argument("--input_length", type=int, default=160)
     parser.add_argument("--target_length", type=int, default=24)
@@ -260,7 +270,7 @@ def main(argv: Optional[Sequence[str]] = None, *, runner: Any = run_study.run_lo
         parser.error(f"--baseline_dims must be comma-separated integers, got {args.baseline_dims!r}")
     entry_point.setup()
     study = RankingStudy(data_dir=args.data_dir, out_dir=pathlib.Path(args.out_dir), variants=variants,
-                         size=args.size, steps=args.steps, input_length=args.input_length,
+                         size=args.size, family=args.family, steps=args.steps, input_length=args.input_length,
                          target_length=args.target_length, splits=run_study._split_list(args.splits),
                          baseline_dims=dims, baseline_steps=args.baseline_steps,
                          baseline_batch=args.baseline_batch, gin_files=gin_files,
