@@ -98,7 +98,7 @@ def model_dir(data_dir, tmp_path_factory) -> pathlib.Path:
 
 def test_train_command_trains_the_doc2query_task(model_dir):
     config = (model_dir / "config.gin").read_text()
-    assert "experiment.Experiment.dataset = @experiment.Doc2QueryData()" in config
+    assert "DATASET = @experiment.Doc2QueryData()" in config and "dataset = %DATASET" in config
     final = json.loads((model_dir / "final_metrics.json").read_text())
     assert np.isfinite(final["train/loss"]) and not any(k.startswith("eval/") for k in final)
     validation = json.loads((model_dir / "eval.doc2query.validation.3.json").read_text())

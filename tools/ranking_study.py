@@ -66,9 +66,9 @@ class RankingStudy:
     variants: Sequence[str]
     size: str
     steps: int
-    family: str = "t5"
     input_length: int
     target_length: int
+    family: str = "t5"
     splits: Sequence[str] = ("dev", "train")
     baseline_dims: Sequence[int] = (4, 8, 16, 32)
     baseline_steps: int = 5000
