@@ -65,7 +65,7 @@ class HFTokenizerVocabulary(seqio.Vocabulary):
         if sorted((pad_id, eos_id)) != [0, 1]:
             raise ValueError(f"PAD and EOS must be ids 0 and 1 (shifted past), got {pad_id} and {eos_id}")
         self._pad, self._eos = pad_id, eos_id
-        self.id_offset = 2
+        self.id_offset = max(pad_id, eos_id) + 1
         tokenizer = _tokenizer(self.path)
         self.tokenizer_size = tokenizer.get_vocab_size(with_added_tokens=True)
         self.checkpoint_rows = self._checkpoint_rows()

@@ -10,7 +10,6 @@ import dataclasses
 import pathlib
 from typing import Any
 
-from gr_jax.data.hf_tokenizer import TOKENIZER_FILENAME, HFTokenizerVocabulary
 from gr_jax.decoder_only.model import DecoderOnlyModel
 from gr_jax.decoder_only.network import DecoderOnlyConfig
 from gr_jax.experiment import Built, GenerativeFamily
@@ -58,6 +57,9 @@ class DecoderOnlyExperiment(GenerativeFamily):
         vocabulary = load_vocabulary(path)
         token_offset = 0
         if self.from_hugging_face:
+            # TensorFlow (seqio): only for runs that tokenise with a checkpoint's tokenizer; host-made data (ranked
+            # lists) trains this family on a JAX-only host otherwise.
+            from gr_jax.data.hf_tokenizer import TOKENIZER_FILENAME, HFTokenizerVocabulary
             checkpoint = pathlib.Path(str(self.init_checkpoint)).resolve()
             if not (isinstance(vocabulary, HFTokenizerVocabulary) and vocabulary.path.parent == checkpoint):
                 raise ValueError(f"init_checkpoint {self.init_checkpoint} is a Hugging Face checkpoint: the run "
