@@ -97,3 +97,46 @@ def test_low_rank_report_scores_each_runs_latest_trec_run_at_the_set_size(tmp_pa
     with pytest.raises(SystemExit):
         low_rank.main(["--data_dir", str(tmp_path / "p"), "--dense", f"2={tmp_path / 'half'}",
                        f"2={tmp_path / 'good'}"])
+
+
+def test_msmarco_sized_corpora_are_nested_official_and_learnable(tmp_path, fixtures_dir):
+    """The `msmarco` generator at 12,000 and 25,000 passages (blocks of 10,000: the smaller ends inside a block):
+    the official layout, read back by the readers; the first passages and their D2Q queries of the larger corpus are
+    the smaller corpus; MS MARCO's length distribution; every query judged relevant to the passage it came from,
+    which BM25 (bm25s) finds."""
+    import bm25s
+
+    from gr_jax.data.d2q import read_d2q_file
+    small, large = tmp_path / "small", tmp_path / "large"
+    settings = dict(train_queries=300, dev_queries=100, d2q_per_passage=3, num_topics=64)
+    summary = synthetic.msmarco_corpus(out_dir=str(small), num_passages=12_000, **settings)
+    synthetic.msmarco_corpus(out_dir=str(large), num_passages=25_000, **settings)
+    for name in ("collection.tsv", "d2q.tsv"):
+        assert (large / name).read_text().splitlines()[:12_000] == (small / name).read_text().splitlines()
+    data = open_dataset(small)
+    docids, texts = zip(*data.collection())
+    assert docids == tuple(str(i) for i in range(12_000))
+    # msmarco_mini's passages: mean 56.4 words (the log-normal's clipped mean is within a word of it).
+    assert summary["mean_words"] == pytest.approx(56.4, abs=1.5)
+    d2q = read_d2q_file(small / "d2q.tsv", docids_in_order=docids)
+    assert all(len(queries) == 3 and all(len(q.split()) == 5 for q in queries) for queries in d2q.values())
+    for split, count in (("train", 300), ("dev", 100)):
+        queries, qrels = list(data.queries(split)), data.qrels(split)
+        assert len(queries) == count and all(qrels[qid] == {qid[1:]: 1} for qid, _ in queries)
+    train = {qid[1:] for qid, _ in data.queries("train")}
+    assert not train & {qid[1:] for qid, _ in data.queries("dev")}  # distinct passages
+    retriever = bm25s.BM25()
+    retriever.index(bm25s.tokenize(list(texts), show_progress=False), show_progress=False)
+    dev, qrels = list(data.queries("dev")), data.qrels("dev")
+    ranked, _ = retriever.retrieve(bm25s.tokenize([text for _, text in dev], show_progress=False), k=10,
+                                   show_progress=False)
+    mrr = np.mean([next((1 / (rank + 1) for rank, i in enumerate(row) if docids[i] in qrels[qid]), 0.0)
+                   for (qid, _), row in zip(dev, ranked)])
+    assert mrr > 0.6  # 0.90 when written: the queries are the passages' words
+    # Word counts drawn from a given collection's passages instead.
+    synthetic.msmarco_corpus(out_dir=str(tmp_path / "fixture_lengths"), num_passages=50, train_queries=5,
+                             dev_queries=5, d2q_per_passage=1, num_topics=4,
+                             lengths_from=str(fixtures_dir / "tasks" / "collection.tsv"))
+    allowed = {len(text.split()) for _, text in open_dataset(fixtures_dir / "tasks").collection()}
+    lengths = {len(text.split()) for _, text in open_dataset(tmp_path / "fixture_lengths").collection()}
+    assert lengths <= allowed and len(lengths) > 1
