@@ -136,6 +136,19 @@ def _length_sampler(lengths_from: Optional[str]):
     return lambda rng, n: rng.choice(observed, size=n)
 
 
+def _syllable_words(count: int) -> np.ndarray:
+    """`count` distinct pronounceable words, word w being w's digits in base 100 spelled as consonant-vowel
+    syllables (as few as hold `count`, at least 2): about English's 5-6 letters a word at 1M words, so passages take
+    about the bytes of MS MARCO's."""
+    syllables = np.array([c + v for c in "bdfghjklmnprstvwxyzc" for v in "aeiou"])
+    places = max(2, int(np.ceil(np.log(count) / np.log(100))))
+    ids = np.arange(count)
+    words = syllables[ids % 100]
+    for place in range(1, places):
+        words = np.char.add(syllables[(ids // 100 ** place) % 100], words)
+    return words
+
+
 def msmarco_corpus(*, out_dir: str, num_passages: int = MSMARCO_PASSAGES, train_queries: int = 502_939,
                    dev_queries: int = 6_980, d2q_per_passage: int = 20, num_topics: int = 4_096,
                    topic_words: int = 200, background_words: int = 2_000, background: float = 0.3,
@@ -151,12 +164,7 @@ def msmarco_corpus(*, out_dir: str, num_passages: int = MSMARCO_PASSAGES, train_
     if (out / "collection.tsv").exists():
         raise FileExistsError(f"{out / 'collection.tsv'} exists: choose a new --out_dir")
     out.mkdir(parents=True, exist_ok=True)
-    syllables = np.array(["ka", "lo", "mi", "tu", "re", "sa", "no", "vi", "de", "po", "ga", "fe", "zu", "ri", "ba",
-                          "xo"])
-    names = np.random.default_rng([seed, 0]).integers(len(syllables), size=(num_topics * topic_words
-                                                                             + background_words, 3))
-    # Word w: three syllables, and its number so that two words never spell the same (an id a tokenizer splits).
-    words = np.array(["".join(syllables[row]) + str(w) for w, row in enumerate(names)])
+    words = _syllable_words(num_topics * topic_words + background_words)
     zipf = 1.0 / np.arange(1, topic_words + 1)
     zipf /= zipf.sum()
     lengths_of = _length_sampler(lengths_from)
