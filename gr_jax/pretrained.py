@@ -650,7 +650,9 @@ def sharded_tensor(ckpt: SafetensorsCheckpoint, source: TensorSource, *, shardin
     return jax.make_array_from_callback(source.shape, sharding, _host_slice_fn(ckpt, source, dtype), dtype=dtype)
 
 
-def _fresh_value(path: str, fresh: Any, sharding: Sharding) -> jax.Array:
+def fresh_value(path: str, fresh: Any, sharding: Sharding) -> jax.Array:
+    """`fresh` (an initialised parameter) on `sharding`; a shape alone (`jax.ShapeDtypeStruct`) is an error naming
+    `path`: the parameter has rows or entries no checkpoint gives."""
     if isinstance(fresh, jax.ShapeDtypeStruct):
         raise ValueError(f"params[{path!r}] has no pretrained value and fresh_params holds only its shape; pass "
                          f"initialised fresh_params (e.g. Trainer.init_state(rng).params)")
@@ -794,12 +796,12 @@ def load_pretrained_params(*, checkpoint_dir: PathLike, config: network.T5Config
         for path, (_, leaf), sharding in zip(paths, leaves, sharding_leaves):
             source = plan[path]
             if source is None:
-                out.append(_fresh_value(path, leaf, sharding))
+                out.append(fresh_value(path, leaf, sharding))
                 counts["fresh"] += 1
                 continue
             value = sharded_tensor(ckpt, source, sharding=sharding, dtype=leaf.dtype)
             if source.fresh_rows:
-                value = with_fresh_rows(value, source=source, fresh=_fresh_value(path, leaf, sharding),
+                value = with_fresh_rows(value, source=source, fresh=fresh_value(path, leaf, sharding),
                                         sharding=sharding)
                 counts["mixed"] += 1
             else:

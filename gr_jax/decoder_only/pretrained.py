@@ -40,8 +40,8 @@ from gr_jax.data.readers import DataFormatError
 from gr_jax.decoder_only.network import DecoderOnlyConfig, Llama3RopeScaling
 from gr_jax.lora import LoraConfig
 from gr_jax.pretrained import (
-    PathLike, SafetensorsCheckpoint, TensorSource, json_field, json_line, read_config_json, sharded_tensor,
-    with_fresh_rows)
+    PathLike, SafetensorsCheckpoint, TensorSource, fresh_value, json_field, json_line, read_config_json,
+    sharded_tensor, with_fresh_rows)
 
 logger = logging.getLogger(__name__)
 
@@ -246,7 +246,7 @@ def load_params(*, checkpoint_dir: PathLike, config: DecoderOnlyConfig, sharding
                 flat[path] = sharded_tensor(ckpt, source, sharding=sharding, dtype=dtype)
                 if source.fresh_rows:
                     flat[path] = with_fresh_rows(flat[path], source=source, sharding=sharding,
-                                                 fresh=jax.device_put(flat_fresh[path], sharding))
+                                                 fresh=fresh_value(path, flat_fresh[path], sharding))
     flat.update({path: flat_fresh[path] for path in added})
     logger.info("loaded %s (%s): %d tensors", checkpoint_dir, hf.model_type, len(sources))
     return traverse_util.unflatten_dict(flat, sep="/")
