@@ -26,6 +26,8 @@ INSTALL_REQUIRES = [
     "tokenizers==0.23.3",
     "matplotlib==3.11.2",
     "tensorboard==2.20.0",  # event files without TensorFlow (metric_writers)
+    "grain==0.2.18",  # preprocessed training examples read by index (gr_jax.data.records)
+    "array-record==0.8.6",  # their file format
 ]
 TEST_REQUIRES = [
     "pytest==9.2.0",

@@ -8,9 +8,7 @@ and hands that value to task registration, the model builder and the retriever.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
-import pathlib
 from collections.abc import Container, Iterator, Sequence
 from typing import Any, Optional, Protocol
 
@@ -20,6 +18,7 @@ import numpy as np
 from gr_jax import losses
 from gr_jax import network
 from gr_jax import warm_start
+from gr_jax.data.fingerprint import input_fingerprint
 from gr_jax.dense.towers import Tower
 from gr_jax.docids import DocidSpace
 from gr_jax.docids.identifiers import DocumentIdentifiers
@@ -101,6 +100,9 @@ class DatasetConfig(SeqioExamplesData):
     d2q_queries_per_passage: int = 10
     d2q_selection: str = "first"
     d2q_seed: int = 0
+    # Keep each task's tokenized examples in memory after the first epoch (`tasks.register_dataset`); off for one
+    # pass over a corpus too large for it (`python -m gr_jax.tools.preprocess` turns it off).
+    cache_in_memory: bool = True
 
     def docid_space(self) -> DocidSpace:
         from gr_jax import tasks  # seqio and TensorFlow: only for runs that train on the tasks
@@ -119,7 +121,8 @@ class DatasetConfig(SeqioExamplesData):
                                       vocabulary_path=self.vocabulary_path, daq_num_chunks=self.daq_num_chunks,
                                       daq_seed=self.daq_seed, d2q_path=self.d2q_path,
                                       d2q_queries_per_passage=self.d2q_queries_per_passage,
-                                      d2q_selection=self.d2q_selection, d2q_seed=self.d2q_seed, rows=(self.row,))
+                                      d2q_selection=self.d2q_selection, d2q_seed=self.d2q_seed, rows=(self.row,),
+                                      cache_in_memory=self.cache_in_memory)
 
     @property
     def mixture_name(self) -> str:
@@ -138,6 +141,7 @@ class Doc2QueryData(SeqioExamplesData):
     target_length: int = 32
     eval_split: str = "dev"
     vocabulary_path: Optional[str] = None
+    cache_in_memory: bool = True  # as DatasetConfig's
 
     def docid_space(self) -> None:
         return None
@@ -150,7 +154,8 @@ class Doc2QueryData(SeqioExamplesData):
                              f"query text in it), not {input_vocabulary_dir}'s: no tower encoder here")
         from gr_jax.tasks import doc2query
         return [doc2query.register_doc2query(name=self.name, data_dir=self.data_dir, input_length=self.input_length,
-                                             target_length=self.target_length, vocabulary_path=self.vocabulary_path)]
+                                             target_length=self.target_length, vocabulary_path=self.vocabulary_path,
+                                             cache_in_memory=self.cache_in_memory)]
 
     @property
     def mixture_name(self) -> str:
@@ -189,6 +194,11 @@ class GenerativeFamily(ModelFamily):
     # safetensors), as the study.
     init_checkpoint: Optional[str] = None
 
+    def input_vocabulary_dir(self) -> Optional[str]:
+        """The WordPiece folder that tokenises the inputs where a tower encodes them, else None (the run's own
+        vocabulary): what `dataset.register` is given, and part of the input fingerprint."""
+        return None
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Experiment(GenerativeFamily):
@@ -207,12 +217,19 @@ class Experiment(GenerativeFamily):
             raise ValueError(f"init_checkpoint {self.init_checkpoint} and encoder_tower {self.encoder_tower}: a run "
                              "starts from one or the other (the tower brings its own pretrained encoder)")
 
+    def _tower(self) -> Optional[Tower]:
+        return self.encoder_tower.for_data(data_dir=self.dataset.data_dir) if self.encoder_tower else None
+
+    def input_vocabulary_dir(self) -> Optional[str]:
+        tower = self._tower()
+        return tower.input_vocabulary_dir() if tower is not None else None
+
     def generative_model(self) -> tuple[Any, Optional[DocidSpace], EncoderDecoderModel]:
         """(input vocabulary, docid space, model): reads the vocabularies and docid space, registers the tasks and
         builds the model for them (no parameter is allocated). The input vocabulary is what queries are tokenised
         with: the run's SentencePiece vocabulary, or the encoder tower's WordPiece vocabulary."""
         vocabulary = load_vocabulary(vocabulary_file(self.dataset))
-        tower = self.encoder_tower.for_data(data_dir=self.dataset.data_dir) if self.encoder_tower else None
+        tower = self._tower()
         input_vocabulary_dir = tower.input_vocabulary_dir() if tower is not None else None
         docid_space = self.dataset.docid_space()
         self.dataset.register(docid_space, input_vocabulary_dir=input_vocabulary_dir)
@@ -263,15 +280,10 @@ class Built(BuiltRun):
         docid table's token ids [docids, length] (computed once: every checkpoint saves it)."""
         fingerprint = self.__dict__.get("_input_fingerprint")
         if fingerprint is None:
-            vocabulary = vocabulary_file(self.experiment.dataset).read_bytes()
-            fingerprint = {"vocabulary": hashlib.sha256(vocabulary).hexdigest()}
             tower = self.model.encoder_tower
-            if tower is not None and (inputs := tower.input_vocabulary_dir()) is not None:
-                wordpiece = (pathlib.Path(inputs) / "vocab.txt").read_bytes()
-                fingerprint["input vocabulary"] = hashlib.sha256(wordpiece).hexdigest()
-            if self.docid_space is not None:
-                tokens = np.ascontiguousarray(self.docid_space.table.tokens, np.int64)
-                fingerprint["docid table"] = hashlib.sha256(repr(tokens.shape).encode() + tokens.tobytes()).hexdigest()
+            fingerprint = input_fingerprint(
+                vocabulary_file=vocabulary_file(self.experiment.dataset), docid_space=self.docid_space,
+                input_vocabulary_dir=tower.input_vocabulary_dir() if tower is not None else None)
             self.__dict__["_input_fingerprint"] = fingerprint
         return dict(fingerprint)
 

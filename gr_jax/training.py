@@ -14,7 +14,7 @@ import json
 import logging
 import pathlib
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from typing import Any, Optional
 
 import jax
@@ -175,6 +175,8 @@ def training_loop(*, run: TrainingRun, state: Any, num_train_steps: int, actions
         for action in actions:
             action.end(run, final)
     finally:
+        if isinstance(batches, Generator):  # a host-made input's prefetching thread stops here, not at exit
+            batches.close()
         if record is not None:
             record.close()
         bar.close()

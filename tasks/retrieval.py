@@ -221,8 +221,10 @@ class _Registered:
 
     def means(self, registration: _Registration, table: DocidTable) -> bool:
         """Whether registering `registration` with `table` would mean the same tasks (the tables compared only when
-        they are not the same object: a run registers its one DocidSpace)."""
-        return registration == self.registration and (table is self.table or (
+        they are not the same object: a run registers its one DocidSpace). Caching in memory or not changes no
+        example: such a registration replaces the tasks."""
+        same = dataclasses.replace(registration, cache_in_memory=self.registration.cache_in_memory)
+        return same == self.registration and (table is self.table or (
             table.docids == self.table.docids and np.array_equal(table.tokens, self.table.tokens)))
 
 

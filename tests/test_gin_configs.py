@@ -232,3 +232,21 @@ def test_a_runs_config_gin_written_before_the_families_shared_one_setup_still_re
         assert (experiment.mesh_model, experiment.query_tower_from_document_encoder) == (1, True)
         assert (experiment.dataset.index_dir, experiment.network_config.emb_dim) == ("INDEX", 256)
         assert (settings.num_beams, settings.depth) == (10, 100)
+
+
+@pytest.mark.parametrize("family", [[], ["decoder_only/experiment.gin", "decoder_only/p2m.gin"]])
+def test_the_preprocessed_gin_trains_either_family_on_its_rows_preprocessed_examples(family):
+    from gr_jax.data.records import PreprocessedData
+    from gr_jax.tools import preprocess
+    gin_utils.parse_gin(gin_files=["experiments/study_cpu.gin", *family, "data/preprocessed.gin",
+                                   "runs/preprocess.gin"],
+                        bindings=["MODEL_DIR = '/tmp/unused'", "DATA_DIR = '/tmp/data'", "PREPROCESSED_DIR = '/tmp/p'",
+                                  "experiment.DatasetConfig.row = 'firstp_d2q'"])
+    experiment = gin.query_parameter("%EXPERIMENT").scoped_configurable_fn()
+    data = experiment.dataset
+    assert isinstance(data, PreprocessedData) and data.directory == "/tmp/p"
+    assert isinstance(data.source, experiment_lib.DatasetConfig)
+    assert (data.source.data_dir, data.source.row, data.input_length) == ("/tmp/data", "firstp_d2q", 64)
+    assert str(gin.query_parameter("preprocess.preprocess.experiment")) == "%EXPERIMENT"
+    assert experiment.input_vocabulary_dir() is None  # no tower: the run's own vocabulary
+    assert callable(gin.get_configurable(preprocess.preprocess))  # what runs/preprocess.gin binds

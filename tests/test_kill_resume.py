@@ -1,6 +1,8 @@
 """Crash safety: `python -m gr_jax.train` killed with SIGKILL at seeded random moments (before its first checkpoint,
 during steps, during checkpoint writes), restarted each time, ends with the parameters and the sequence of training
-examples of a run that was never interrupted.
+examples of a run that was never interrupted. On both input paths: the seqio tasks' tf.data stream (its iterator
+state saved with every checkpoint) and the same tasks preprocessed into ArrayRecord files (`gr_jax.data.records`:
+read without TensorFlow, the position alone in the checkpoint).
 
 The runs record every step's example fingerprints (`training.train.record_examples`); steps re-run after a restart
 are recorded again, so the last record of each step is the batch the final state was trained on.
@@ -18,6 +20,7 @@ import gin
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+import pytest
 
 from gr_jax import checkpoints
 
@@ -25,9 +28,11 @@ STEPS = 8
 RECORD = "train_examples-0-of-1.jsonl"
 
 
-def _args(data_dir, model_dir) -> list[str]:
-    """A micro T5.1.1 on the seqio tasks of the fixture corpus, a checkpoint every 2 steps, no evaluation."""
-    return ["--gin_file=runs/train.gin", "--gin_file=models/t5_1_1/tiny.gin", f"--gin.TRAIN_STEPS={STEPS}",
+def _args(data_dir, model_dir, *, preprocessed=None) -> list[str]:
+    """A micro T5.1.1 on the seqio tasks of the fixture corpus (or their examples preprocessed into `preprocessed`),
+    a checkpoint every 2 steps, no evaluation."""
+    records = ["--gin_file=data/preprocessed.gin", f"--gin.PREPROCESSED_DIR='{preprocessed}'"] if preprocessed else []
+    return ["--gin_file=runs/train.gin", "--gin_file=models/t5_1_1/tiny.gin", *records, f"--gin.TRAIN_STEPS={STEPS}",
             f"--gin.DATA_DIR='{data_dir}'", f"--gin.MODEL_DIR='{model_dir}'", "--gin.DATASET_NAME='kill_resume'",
             "--gin.INPUT_LENGTH=16", "--gin.TARGET_LENGTH=12", "--gin.BATCH_SIZE=8",
             "--gin.network.T5Config.num_encoder_layers=1", "--gin.network.T5Config.num_decoder_layers=1",
@@ -67,12 +72,36 @@ def _final_params(model_dir) -> dict:
     return jax.tree.map(np.asarray, state["params"])
 
 
-def test_killed_and_resumed_training_equals_the_uninterrupted_run(spm_data_dir, tmp_path):
+# `python -m gr_jax.train` as on a host without TensorFlow or seqio (the preprocessed path needs neither).
+_TRAIN_WITHOUT_TENSORFLOW = ("import sys\n"
+                             "for name in ('tensorflow', 'seqio', 'tensorflow_text', 'tensorflow_datasets'):\n"
+                             "    sys.modules[name] = None\n"
+                             "from gr_jax import train\n"
+                             "train.main()\n")
+
+
+def _preprocess(args: list[str]) -> None:
+    from gr_jax import gin_utils
+    from gr_jax.tools import preprocess
+    gin.clear_config()
+    try:
+        _, gin_files, bindings = gin_utils.parse_args(args, description="")
+        gin_utils.parse_gin(gin_files=[*gin_files, "runs/preprocess.gin"], bindings=bindings)
+        gin.get_configurable(preprocess.preprocess)()
+    finally:
+        gin.clear_config()
+
+
+@pytest.mark.parametrize("path", ["seqio", "preprocessed"])
+def test_killed_and_resumed_training_equals_the_uninterrupted_run(spm_data_dir, tmp_path, path):
     from gr_jax import train as train_main
     straight = tmp_path / "straight"
+    preprocessed = tmp_path / "records" if path == "preprocessed" else None
+    if preprocessed:
+        _preprocess(_args(spm_data_dir, straight, preprocessed=preprocessed))
     gin.clear_config()
     try:  # in this process: the subprocesses then find its compiled programs in the session's compilation cache
-        train_main.main(_args(spm_data_dir, straight))
+        train_main.main(_args(spm_data_dir, straight, preprocessed=preprocessed))
     finally:
         gin.clear_config()
 
@@ -80,10 +109,12 @@ def test_killed_and_resumed_training_equals_the_uninterrupted_run(spm_data_dir, 
     rng = random.Random(18)
     repo = pathlib.Path(__file__).parent.parent
     env = os.environ | {"PYTHONPATH": str(repo), "GR_JAX_LOG_LEVEL": "WARNING"}
+    command = [sys.executable, "-c", _TRAIN_WITHOUT_TENSORFLOW] if preprocessed else [sys.executable, "-m",
+                                                                                       "gr_jax.train"]
     outcomes = []
     for kill in range(3):
         before = _max_step(killed)
-        proc = subprocess.Popen([sys.executable, "-m", "gr_jax.train", *_args(spm_data_dir, killed)], cwd=tmp_path,
+        proc = subprocess.Popen([*command, *_args(spm_data_dir, killed, preprocessed=preprocessed)], cwd=tmp_path,
                                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         if kill == 0:
             time.sleep(rng.uniform(0.5, 3.0))  # most likely still starting up: nothing saved yet
@@ -97,7 +128,7 @@ def test_killed_and_resumed_training_equals_the_uninterrupted_run(spm_data_dir, 
         stderr = proc.stderr.read().decode()
         assert proc.returncode in (0, -signal.SIGKILL), stderr[-3000:]
         outcomes.append((proc.returncode, _max_step(killed)))
-    final = subprocess.run([sys.executable, "-m", "gr_jax.train", *_args(spm_data_dir, killed)], cwd=tmp_path,
+    final = subprocess.run([*command, *_args(spm_data_dir, killed, preprocessed=preprocessed)], cwd=tmp_path,
                            env=env, capture_output=True, text=True, check=False)
     assert final.returncode == 0, final.stderr[-3000:]
 
@@ -111,7 +142,11 @@ def test_killed_and_resumed_training_equals_the_uninterrupted_run(spm_data_dir, 
     assert jax.tree.structure(a) == jax.tree.structure(b)
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
         np.testing.assert_array_equal(x, y)
-    # Every checkpoint the restarted runs kept holds its process's input iterator state.
     for step_dir in (p for p in (killed / "checkpoints").iterdir() if p.name.isdigit()):
-        record = json.loads((step_dir / checkpoints.INPUT_ITERATOR_ITEM / "train_ds-0-of-1.json").read_text())
-        assert record["batches_consumed"] == int(step_dir.name) and record["state"] is True
+        position = step_dir / checkpoints.INPUT_ITEM / "metadata"  # orbax's JSON item
+        assert json.loads(position.read_text())["batches_consumed"] == int(step_dir.name)
+        if preprocessed:  # the position is the whole input state: a few hundred bytes, whatever the corpus
+            assert not (step_dir / checkpoints.INPUT_ITERATOR_ITEM).exists() and position.stat().st_size < 1024
+        else:  # every checkpoint the restarted runs kept holds its process's tf.data iterator state
+            record = json.loads((step_dir / checkpoints.INPUT_ITERATOR_ITEM / "train_ds-0-of-1.json").read_text())
+            assert record["batches_consumed"] == int(step_dir.name) and record["state"] is True

@@ -10,6 +10,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -63,21 +64,26 @@ def _prefetched(items: Iterator, *, size: int) -> Iterator:
     buffer: queue.Queue = queue.Queue(maxsize=size)
     stop = threading.Event()
 
+    def offer(entry: tuple[bool, Any]) -> bool:
+        """Puts `entry` once there is room; False when the consumer stopped first."""
+        while not stop.is_set():
+            try:
+                buffer.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
     def produce():
         try:
             for item in items:
-                while not stop.is_set():
-                    try:
-                        buffer.put((True, item), timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
+                if not offer((True, item)):
                     return
         except BaseException as e:  # noqa: BLE001 - handed to the consumer
-            buffer.put((False, e))
+            offer((False, e))
 
-    threading.Thread(target=produce, daemon=True).start()
+    producer = threading.Thread(target=produce, daemon=True)
+    producer.start()
     try:
         while True:
             ok, item = buffer.get()
@@ -85,4 +91,7 @@ def _prefetched(items: Iterator, *, size: int) -> Iterator:
                 raise item
             yield item
     finally:
+        # Closed: the producer stops after the item it is making. Joined, so no read is in flight when the process
+        # exits (a native reader's threads, e.g. ArrayRecord's, abort the process if torn down mid-read).
         stop.set()
+        producer.join()

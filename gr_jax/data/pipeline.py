@@ -234,6 +234,27 @@ class TrainBatches(Iterator[dict[str, np.ndarray]]):
         return True
 
 
+def task_rates(mixture_or_task_name: str) -> list[tuple[str, float]]:
+    """(task name, mixing rate) of each task of a registered Mixture (a Task: itself at rate 1), sorted by name."""
+    provider = seqio.get_mixture_or_task(mixture_or_task_name)
+    if isinstance(provider, seqio.Mixture):
+        return sorted((task.name, float(provider.get_rate(task))) for task in provider.tasks)
+    return [(provider.name, 1.0)]
+
+
+def task_examples(task_name: str, *, input_length: int, target_length: int, split: str = "train", shard_index: int = 0,
+                  num_shards: int = 1) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """One unshuffled pass over shard `shard_index` of `num_shards` of a registered Task's `split`: each example's
+    (inputs int32[n], targets int32[m]) as the trainer would see them (trimmed to the lengths, EOS appended), before
+    padding: what `gr_jax.data.records` stores."""
+    dataset = seqio.get_dataset(
+        task_name, task_feature_lengths=_feature_lengths(input_length=input_length, target_length=target_length),
+        feature_converter=seqio.PassThroughFeatureConverter(), dataset_split=split, shuffle=False, num_epochs=1,
+        shard_info=_shard_info(shard_index=shard_index, num_shards=num_shards), verbose=False)
+    for example in _with_options(dataset).prefetch(tf.data.AUTOTUNE).as_numpy_iterator():
+        yield example["inputs"].astype(np.int32), example["targets"].astype(np.int32)
+
+
 def _num_examples(provider: seqio.Task, *, split: str) -> int | None:
     count = provider.num_input_examples(split)
     return None if count is None else int(count)
