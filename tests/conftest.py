@@ -149,3 +149,19 @@ def hf_checkpoint_dir(tmp_path_factory) -> pathlib.Path:
                for source in tensor_sources(read_config(path).config).values()}
     save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
     return path
+
+
+def preprocess_examples(args: list[str]) -> dict:
+    """`python -m gr_jax.tools.preprocess ARGS` in this process, without its printing: writes the run's examples
+    into its PREPROCESSED_DIR (ARGS include data/preprocessed.gin); returns the report."""
+    import gin
+
+    from gr_jax import gin_utils
+    from gr_jax.tools import preprocess
+    gin.clear_config()
+    try:
+        _, gin_files, bindings = gin_utils.parse_args(args, description="")
+        gin_utils.parse_gin(gin_files=[*gin_files, "runs/preprocess.gin"], bindings=bindings)
+        return gin.get_configurable(preprocess.preprocess)()
+    finally:
+        gin.clear_config()

@@ -22,6 +22,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from conftest import preprocess_examples
 from gr_jax import checkpoints
 
 STEPS = 8
@@ -80,25 +81,13 @@ _TRAIN_WITHOUT_TENSORFLOW = ("import sys\n"
                              "train.main()\n")
 
 
-def _preprocess(args: list[str]) -> None:
-    from gr_jax import gin_utils
-    from gr_jax.tools import preprocess
-    gin.clear_config()
-    try:
-        _, gin_files, bindings = gin_utils.parse_args(args, description="")
-        gin_utils.parse_gin(gin_files=[*gin_files, "runs/preprocess.gin"], bindings=bindings)
-        gin.get_configurable(preprocess.preprocess)()
-    finally:
-        gin.clear_config()
-
-
 @pytest.mark.parametrize("path", ["seqio", "preprocessed"])
 def test_killed_and_resumed_training_equals_the_uninterrupted_run(spm_data_dir, tmp_path, path):
     from gr_jax import train as train_main
     straight = tmp_path / "straight"
     preprocessed = tmp_path / "records" if path == "preprocessed" else None
     if preprocessed:
-        _preprocess(_args(spm_data_dir, straight, preprocessed=preprocessed))
+        preprocess_examples(_args(spm_data_dir, straight, preprocessed=preprocessed))
     gin.clear_config()
     try:  # in this process: the subprocesses then find its compiled programs in the session's compilation cache
         train_main.main(_args(spm_data_dir, straight, preprocessed=preprocessed))

@@ -11,6 +11,7 @@ import gin
 import numpy as np
 import pytest
 
+from conftest import preprocess_examples
 from gr_jax.data import pipeline
 from gr_jax.data import records
 
@@ -49,16 +50,8 @@ def _file_examples(path) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
 @pytest.fixture(scope="module")
 def preprocessed(spm_data_dir, tmp_path_factory):
     """The fixture's row 2a (FirstP + labeled queries, naive docids) preprocessed into one part."""
-    from gr_jax import gin_utils
-    from gr_jax.tools import preprocess
     out = tmp_path_factory.mktemp("records") / "row2a"
-    gin.clear_config()
-    try:  # the entry point's body, without its printing (module scope has no capsys)
-        _, gin_files, bindings = gin_utils.parse_args(_gin_args(spm_data_dir, out, name="records2a"), description="")
-        gin_utils.parse_gin(gin_files=[*gin_files, "runs/preprocess.gin"], bindings=bindings)
-        report = gin.get_configurable(preprocess.preprocess)()
-    finally:
-        gin.clear_config()
+    report = preprocess_examples(_gin_args(spm_data_dir, out, name="records2a"))
     return out, report
 
 

@@ -200,7 +200,10 @@ class RecordBatches:
         empty = [task.task for task in manifest.tasks if task.num_examples == 0]
         if empty or not manifest.tasks:
             raise ValueError(f"{manifest.directory}: tasks {empty} have no examples: nothing to train on")
-        streams = [grain.MapDataset.source(grain.sources.ArrayRecordDataSource(list(task.files)))
+        # The files' record indexes stay on disk (read through the page cache), not in memory: 8 bytes a record
+        # would be 1.5 GB a host for the study's 186M D2Q examples.
+        options = {"index_storage_option": "offloaded", "footer_prefetch_bytes": "0"}
+        streams = [grain.MapDataset.source(grain.sources.ArrayRecordDataSource(list(task.files), options))
                    .shuffle(seed=_task_seed(seed, i)).repeat() for i, task in enumerate(manifest.tasks)]
         self.examples = streams[0] if len(streams) == 1 else grain.MapDataset.mix(
             streams, weights=[task.rate for task in manifest.tasks])
