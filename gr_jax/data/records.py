@@ -109,7 +109,9 @@ def write_part(*, directory: str | os.PathLike, description: Mapping[str, Any],
     counts = []
     for task, rate, examples in tasks:
         path = records_file(directory, task=task, shard_index=shard_index, num_shards=num_shards)
-        writer = ArrayRecordWriter(str(path), "group_size:1")  # one record per chunk: random reads read one
+        # One record per chunk, uncompressed: a random read reads one record and decompresses nothing (zstd's
+        # default window made single reads ~10x slower, docs/scale.md).
+        writer = ArrayRecordWriter(str(path), "group_size:1,uncompressed")
         count = 0
         try:
             for inputs, targets in examples:
@@ -200,10 +202,9 @@ class RecordBatches:
         empty = [task.task for task in manifest.tasks if task.num_examples == 0]
         if empty or not manifest.tasks:
             raise ValueError(f"{manifest.directory}: tasks {empty} have no examples: nothing to train on")
-        # The files' record indexes stay on disk (read through the page cache), not in memory: 8 bytes a record
-        # would be 1.5 GB a host for the study's 186M D2Q examples.
-        options = {"index_storage_option": "offloaded", "footer_prefetch_bytes": "0"}
-        streams = [grain.MapDataset.source(grain.sources.ArrayRecordDataSource(list(task.files), options))
+        # The files' record indexes are read into memory (8 bytes a record: docs/scale.md); ArrayRecord's offloaded
+        # index, read from disk per record, made random reads ~30x slower.
+        streams = [grain.MapDataset.source(grain.sources.ArrayRecordDataSource(list(task.files)))
                    .shuffle(seed=_task_seed(seed, i)).repeat() for i, task in enumerate(manifest.tasks)]
         self.examples = streams[0] if len(streams) == 1 else grain.MapDataset.mix(
             streams, weights=[task.rate for task in manifest.tasks])
