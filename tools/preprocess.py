@@ -19,7 +19,6 @@ from typing import Any, Optional
 import jax
 
 from gr_jax import entry_point
-from gr_jax.data import pipeline
 from gr_jax.data import records
 from gr_jax.data.fingerprint import input_fingerprint
 from gr_jax.vocabulary import vocabulary_file
@@ -31,6 +30,7 @@ def preprocess(*, experiment: Any, shard_index: Optional[int] = None, num_shards
                ) -> dict[str, Any]:
     """Writes shard `shard_index` of `num_shards` (default: this process's of all) of `experiment.dataset`'s examples
     (a `records.PreprocessedData`; `experiment` a generative family) into its directory. Returns the report."""
+    from gr_jax.data import pipeline  # TensorFlow: imported after the entry point's quiet start-up
     data = experiment.dataset
     if not isinstance(data, records.PreprocessedData):
         raise ValueError(f"the run's dataset is {type(data).__name__}, not preprocessed data: include "

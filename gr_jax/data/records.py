@@ -24,7 +24,7 @@ inputs..., targets...], the task's output after trimming and EOS, before padding
 Differences from the seqio stream (`gr_jax.data.pipeline`), same examples: tasks are interleaved at exactly their
 rates (Grain's proportional mix) instead of sampled by them, and every epoch is a fresh permutation of the whole
 task instead of a shuffle buffer's window. Preprocessing after a task's cache placeholder runs once, so a random
-one (span corruption's noise) is drawn once for all epochs: the manifest says so (`frozen_random_steps`).
+one (span corruption's noise) is drawn once for all epochs instead of anew each epoch.
 """
 from __future__ import annotations
 
