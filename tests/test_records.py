@@ -145,6 +145,14 @@ def test_preprocessing_in_shards_makes_the_same_examples(spm_data_dir, preproces
     for a, b in zip(whole.tasks, sharded.tasks):
         assert len(b.files) == 2
         assert sorted(_file_examples(a.files[0])) == sorted(e for f in b.files for e in _file_examples(f))
+        # The reader's source: the files' records in order, by index, whichever file holds them.
+        source = records.RecordFiles(b.files)
+        in_order = [e for f in b.files for e in _file_examples(f)]
+        assert len(source) == len(in_order) == b.num_examples
+        assert [tuple(tuple(int(t) for t in part) for part in records.decode_example(source[i], where="test"))
+                for i in range(len(source))] == in_order
+        with pytest.raises(IndexError):
+            source[len(source)]
     with pytest.raises(SystemExit, match="error: .*manifest.00001-of-00002.json: this part is already written"):
         _preprocess([*args, "--gin.preprocess.preprocess.shard_index=1",
                      "--gin.preprocess.preprocess.num_shards=2"], capsys)
