@@ -165,3 +165,12 @@ def preprocess_examples(args: list[str]) -> dict:
         return gin.get_configurable(preprocess.preprocess)()
     finally:
         gin.clear_config()
+
+
+# `python -m gr_jax.train ARGS` as on a JAX-only host (`python -c TRAIN_WITHOUT_TENSORFLOW ARGS`): importing TensorFlow,
+# seqio or their extensions fails, so a run that needs them fails too.
+TRAIN_WITHOUT_TENSORFLOW = ("import sys\n"
+                            "for name in ('tensorflow', 'seqio', 'tensorflow_text', 'tensorflow_datasets'):\n"
+                            "    sys.modules[name] = None  # importing any of them now fails\n"
+                            "from gr_jax import train\n"
+                            "train.main()\n")

@@ -22,7 +22,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from conftest import preprocess_examples
+from conftest import TRAIN_WITHOUT_TENSORFLOW, preprocess_examples
 from gr_jax import checkpoints
 
 STEPS = 8
@@ -73,14 +73,6 @@ def _final_params(model_dir) -> dict:
     return jax.tree.map(np.asarray, state["params"])
 
 
-# `python -m gr_jax.train` as on a host without TensorFlow or seqio (the preprocessed path needs neither).
-_TRAIN_WITHOUT_TENSORFLOW = ("import sys\n"
-                             "for name in ('tensorflow', 'seqio', 'tensorflow_text', 'tensorflow_datasets'):\n"
-                             "    sys.modules[name] = None\n"
-                             "from gr_jax import train\n"
-                             "train.main()\n")
-
-
 @pytest.mark.parametrize("path", ["seqio", "preprocessed"])
 def test_killed_and_resumed_training_equals_the_uninterrupted_run(spm_data_dir, tmp_path, path):
     from gr_jax import train as train_main
@@ -98,7 +90,7 @@ def test_killed_and_resumed_training_equals_the_uninterrupted_run(spm_data_dir, 
     rng = random.Random(18)
     repo = pathlib.Path(__file__).parent.parent
     env = os.environ | {"PYTHONPATH": str(repo), "GR_JAX_LOG_LEVEL": "WARNING"}
-    command = [sys.executable, "-c", _TRAIN_WITHOUT_TENSORFLOW] if preprocessed else [sys.executable, "-m",
+    command = [sys.executable, "-c", TRAIN_WITHOUT_TENSORFLOW] if preprocessed else [sys.executable, "-m",
                                                                                        "gr_jax.train"]
     outcomes = []
     for kill in range(3):

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import micro_ranked_run_args
+from conftest import TRAIN_WITHOUT_TENSORFLOW, micro_ranked_run_args
 
 
 def _free_port() -> int:
@@ -24,18 +24,10 @@ def _train_args(data, model_dir, *, steps: int) -> list[str]:
         "--gin.INPUT_LENGTH=80"])  # the longest query is 66 tokens: the fixture's 192 fit its documents (indexing)
 
 
-# `python -m gr_jax.train ARGS` as on a JAX-only host: the ranked lists are made on the host (no seqio, no tf.data), so
-# the job needs no TensorFlow (test_ranking_data.py checks such a run against one with TensorFlow), and each of the
-# five processes is spared TensorFlow's import (seconds of each start-up).
-_TRAIN_WITHOUT_TENSORFLOW = ("import sys\n"
-                             "for name in ('tensorflow', 'seqio', 'tensorflow_text', 'tensorflow_datasets'):\n"
-                             "    sys.modules[name] = None  # importing any of them now fails\n"
-                             "from gr_jax import train\n"
-                             "train.main()\n")
-
-
 def _run(jobs: list[tuple[list[str], int]], *, cwd) -> None:
-    """Runs the train entry point once per (arguments, CPU devices), concurrently."""
+    """Runs the train entry point once per (arguments, CPU devices), concurrently, without TensorFlow: the ranked lists
+    and preprocessed records are read on the host (test_ranking_data.py checks such a run against one with
+    TensorFlow), and each process is spared TensorFlow's import (seconds of each start-up)."""
     def env(devices: int) -> dict[str, str]:
         # This process's fast-compile flags (conftest.py: compiling in five processes is most of this test), with the
         # job's own number of devices.
@@ -44,7 +36,7 @@ def _run(jobs: list[tuple[list[str], int]], *, cwd) -> None:
         flags.append(f"--xla_force_host_platform_device_count={devices}")
         return {**os.environ, "XLA_FLAGS": " ".join(flags), "JAX_PLATFORMS": "cpu"}
 
-    procs = [subprocess.Popen([sys.executable, "-c", _TRAIN_WITHOUT_TENSORFLOW, *args], cwd=cwd, env=env(devices),
+    procs = [subprocess.Popen([sys.executable, "-c", TRAIN_WITHOUT_TENSORFLOW, *args], cwd=cwd, env=env(devices),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for args, devices in jobs]
     outputs = [proc.communicate()[0] for proc in procs]
     for proc, output in zip(procs, outputs):

@@ -40,6 +40,7 @@ import numpy as np
 
 from gr_jax.data.batches import sharded_batches
 from gr_jax.data.fingerprint import input_fingerprint
+from gr_jax.run_dir import write_json
 from gr_jax.vocabulary import vocabulary_file
 
 FORMAT = "gr_jax.records/1"
@@ -122,9 +123,7 @@ def write_part(*, directory: str | os.PathLike, description: Mapping[str, Any],
         counts.append({"task": task, "rate": float(rate), "num_examples": count, "file": path.name})
     manifest = {"format": FORMAT, "shard_index": shard_index, "num_shards": num_shards,
                 "description": dict(description), "tasks": counts}
-    tmp = manifest_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True))
-    tmp.rename(manifest_path)
+    write_json(manifest_path, manifest)
     return manifest
 
 
