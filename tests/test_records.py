@@ -206,3 +206,16 @@ def test_reading_needs_neither_tensorflow_nor_seqio(preprocessed):
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             cwd=pathlib.Path(__file__).parent.parent)
     assert result.returncode == 0 and result.stdout.strip() == "(4, 16)", result.stderr[-2000:]
+
+
+def test_a_task_larger_than_a_file_is_written_in_several_and_read_back_in_order(tmp_path):
+    examples = [(np.array([5 + i, 1]), np.array([7, i % 3 + 2, 1])) for i in range(10)]
+    manifest = records.write_part(directory=tmp_path, description={"input_length": 4}, records_per_file=4,
+                                  tasks=[("t", 1.0, iter(examples)), ("empty", 1.0, iter([]))])
+    assert manifest["tasks"][0]["files"] == [f"t.00000-of-00001.{k:05d}.array_record" for k in range(3)]
+    assert manifest["tasks"][1] == {"task": "empty", "rate": 1.0, "num_examples": 0, "files": []}
+    task = records.Manifest.read(tmp_path).tasks[0]
+    assert task.num_examples == 10 and [len(_file_examples(f)) for f in task.files] == [4, 4, 2]
+    source = records.RecordFiles(task.files)
+    assert [tuple(map(tuple, records.decode_example(source[i], where="test"))) for i in range(len(source))] == [
+        (tuple(i.tolist()), tuple(t.tolist())) for i, t in examples]

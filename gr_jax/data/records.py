@@ -16,10 +16,11 @@ The seqio Tasks and Mixtures stay the definitions of the study's rows: `python -
 files from a run's registered mixture (`write_part`, one unshuffled pass over each task, optionally one shard of
 it per process), and a run reads them through `PreprocessedData` (gin: gin_configs/data/preprocessed.gin).
 
-A directory holds, per preprocessing shard i of n, `{task}.{i:05d}-of-{n:05d}.array_record` per task and
-`manifest.{i:05d}-of-{n:05d}.json`: the source data's settings, the task's mixing rate and example count, the input
-fingerprint (`gr_jax.data.fingerprint`). A record is one example: little-endian int32 [len(inputs), len(targets),
-inputs..., targets...], the task's output after trimming and EOS, before padding.
+A directory holds, per preprocessing shard i of n, `{task}.{i:05d}-of-{n:05d}.{k:05d}.array_record` per task (its
+file k, of at most `RECORDS_PER_FILE` records) and `manifest.{i:05d}-of-{n:05d}.json`: the source data's settings,
+the task's mixing rate, example count and files, the input fingerprint (`gr_jax.data.fingerprint`). A record is one
+example: little-endian int32 [len(inputs), len(targets), inputs..., targets...], the task's output after trimming
+and EOS, before padding.
 
 Differences from the seqio stream (`gr_jax.data.pipeline`), same examples: tasks are interleaved at exactly their
 rates (Grain's proportional mix) instead of sampled by them, and every epoch is a fresh permutation of the whole
@@ -43,7 +44,7 @@ from gr_jax.data.fingerprint import input_fingerprint
 from gr_jax.run_dir import write_json
 from gr_jax.vocabulary import vocabulary_file
 
-FORMAT = "gr_jax.records/1"
+FORMAT = "gr_jax.records/2"  # 1: one file per task and shard
 RECORD_DTYPE = np.dtype("<i4")
 _MANIFEST = re.compile(r"manifest\.(\d{5})-of-(\d{5})\.json")
 
@@ -87,18 +88,25 @@ def part_suffix(*, shard_index: int, num_shards: int) -> str:
     return f"{shard_index:05d}-of-{num_shards:05d}"
 
 
-def records_file(directory: str | os.PathLike, *, task: str, shard_index: int, num_shards: int) -> pathlib.Path:
+def records_file(directory: str | os.PathLike, *, task: str, shard_index: int, num_shards: int,
+                 file_index: int) -> pathlib.Path:
     suffix = part_suffix(shard_index=shard_index, num_shards=num_shards)
-    return pathlib.Path(directory) / f"{task}.{suffix}.array_record"
+    return pathlib.Path(directory) / f"{task}.{suffix}.{file_index:05d}.array_record"
+
+
+# Records a file holds at most: ArrayRecord's writer keeps each chunk's index entry in memory until it closes (about
+# 180 bytes a one-record chunk, measured at 8.8M), so one file per task would grow the writer with the task.
+RECORDS_PER_FILE = 1_000_000
 
 
 def write_part(*, directory: str | os.PathLike, description: Mapping[str, Any],
                tasks: Sequence[tuple[str, float, Iterable[tuple[np.ndarray, np.ndarray]]]], shard_index: int = 0,
-               num_shards: int = 1) -> dict[str, Any]:
+               num_shards: int = 1, records_per_file: int = RECORDS_PER_FILE) -> dict[str, Any]:
     """Writes preprocessing shard `shard_index` of `num_shards`: each (task, mixing rate, its examples of this shard
-    as (inputs, targets)) into its ArrayRecord file, then this part's manifest (written last: a part without one
-    is incomplete). `description`: what the examples are (the source data's settings, lengths, input fingerprint),
-    the same in every part. An existing part is an error. Returns the manifest."""
+    as (inputs, targets)) into its ArrayRecord files of at most `records_per_file` records, then this part's manifest
+    (written last: a part without one is incomplete). `description`: what the examples are (the source data's
+    settings, lengths, input fingerprint), the same in every part. An existing part is an error. Returns the
+    manifest."""
     from array_record.python.array_record_module import ArrayRecordWriter
 
     directory = pathlib.Path(directory)
@@ -109,18 +117,26 @@ def write_part(*, directory: str | os.PathLike, description: Mapping[str, Any],
         raise FileExistsError(f"{manifest_path}: this part is already written (remove the directory to remake it)")
     counts = []
     for task, rate, examples in tasks:
-        path = records_file(directory, task=task, shard_index=shard_index, num_shards=num_shards)
-        # One record per chunk, uncompressed: a random read reads one record and decompresses nothing (zstd's
-        # default window made single reads ~10x slower, docs/scale.md).
-        writer = ArrayRecordWriter(str(path), "group_size:1,uncompressed")
+        files: list[str] = []
+        writer: Any = None  # the open file's ArrayRecordWriter
         count = 0
         try:
             for inputs, targets in examples:
+                if count % records_per_file == 0:
+                    if writer is not None:
+                        writer.close()
+                    path = records_file(directory, task=task, shard_index=shard_index, num_shards=num_shards,
+                                        file_index=len(files))
+                    # One record per chunk, uncompressed: a random read reads one record and decompresses nothing
+                    # (zstd's default window made single reads ~10x slower, docs/scale.md).
+                    writer = ArrayRecordWriter(str(path), "group_size:1,uncompressed")
+                    files.append(path.name)
                 writer.write(encode_example(inputs, targets))
                 count += 1
         finally:
-            writer.close()
-        counts.append({"task": task, "rate": float(rate), "num_examples": count, "file": path.name})
+            if writer is not None:
+                writer.close()
+        counts.append({"task": task, "rate": float(rate), "num_examples": count, "files": files})
     manifest = {"format": FORMAT, "shard_index": shard_index, "num_shards": num_shards,
                 "description": dict(description), "tasks": counts}
     write_json(manifest_path, manifest)
@@ -173,7 +189,7 @@ class Manifest:
                                     f"manifest.{part_suffix(shard_index=missing[0], num_shards=num_shards)}.json)")
         tasks = []
         for i, entry in enumerate(first["tasks"]):
-            files = tuple(str(directory / m["tasks"][i]["file"]) for _, m in manifests)
+            files = tuple(str(directory / name) for _, m in manifests for name in m["tasks"][i]["files"])
             for file in files:
                 if not os.path.exists(file):
                     raise FileNotFoundError(f"{file}: listed in {directory}'s manifests but missing")
