@@ -7,7 +7,8 @@ of the endless stream is computed from the position alone (Grain's `MapDataset`:
 (`index_shuffle`, no permutation array), the tasks mixed by rate, and ArrayRecord's random reads), so:
 - resuming at batch 100k costs what resuming at batch 100 does, and a checkpoint's input state is the batch count it
   already records (`batches_consumed`), a few bytes whatever the corpus;
-- host memory holds the open files' indexes and the batches in flight, nothing proportional to the corpus;
+- host memory holds the batches in flight and the files' record indexes (ArrayRecord's, 8 bytes a record): no
+  Python object per example;
 - each host reads only its rows of every global batch (`shard_index` of `num_shards`), the layout of every other
   host-made source (`gr_jax.data.batches`): a 2-process run trains on the 1-process run's batches;
 - reading needs neither TensorFlow nor seqio (the accelerator images have neither).
