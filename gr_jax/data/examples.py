@@ -21,7 +21,7 @@ from typing import Any, Optional
 import numpy as np
 
 from gr_jax.data.batches import SeededEpochs, sharded_batches
-from gr_jax.data.features import SOFT_TARGET_MASS, SOFT_TARGET_TOKENS
+from gr_jax.data.features import SOFT_TARGET_MASS, SOFT_TARGET_TOKENS, decoder_inputs
 from gr_jax.vocabulary import PAD_ID, load_vocabulary, vocabulary_file
 
 logger = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ class ExampleBatches:
         ex = self.examples
         targets = ex.targets[rows]
         out = {"encoder_input_tokens": ex.inputs[rows], "decoder_target_tokens": targets,
-               "decoder_input_tokens": np.pad(targets[:, :-1], ((0, 0), (1, 0))),
+               "decoder_input_tokens": decoder_inputs(targets),
                "decoder_loss_weights": ex.weights[rows, None] * (targets != PAD_ID)}
         if ex.soft_tokens is not None and ex.soft_mass is not None:  # both or neither (__post_init__)
             out[SOFT_TARGET_TOKENS] = ex.soft_tokens[rows]

@@ -31,6 +31,7 @@ one (span corruption's noise) is drawn once for all epochs instead of anew each 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import pathlib
@@ -41,6 +42,7 @@ from typing import Any, Optional
 import numpy as np
 
 from gr_jax.data.batches import sharded_batches
+from gr_jax.data.features import decoder_inputs
 from gr_jax.data.fingerprint import input_fingerprint
 from gr_jax.run_dir import write_json
 from gr_jax.vocabulary import vocabulary_file
@@ -81,7 +83,7 @@ def example_features(records: Sequence[bytes], *, input_length: int, target_leng
         inputs[row, :len(example_inputs)] = example_inputs
         targets[row, :len(example_targets)] = example_targets
     return {"encoder_input_tokens": inputs, "decoder_target_tokens": targets,
-            "decoder_input_tokens": np.pad(targets[:, :-1], ((0, 0), (1, 0))),
+            "decoder_input_tokens": decoder_inputs(targets),
             "decoder_loss_weights": (targets != 0).astype(np.int32)}
 
 
@@ -313,8 +315,9 @@ class PreprocessedData:
     def docid_space(self) -> Any:
         return self.source.docid_space()
 
-    @property
+    @functools.cached_property
     def manifest(self) -> Manifest:
+        """The directory's manifest, read once (registration, the mixture name and the batches all consult it)."""
         return Manifest.read(self.directory)
 
     @property

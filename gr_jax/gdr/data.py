@@ -35,6 +35,7 @@ from typing import Optional
 import numpy as np
 
 from gr_jax.data.batches import SeededEpochs, sharded_batches
+from gr_jax.data.features import decoder_inputs
 from gr_jax.data.pairs import labeled_queries
 from gr_jax.data.readers import DocumentLookup, open_dataset
 from gr_jax.dense.data import CorpusDocuments
@@ -210,10 +211,9 @@ class GdrBatchSource:
                            self.data.input_length, queries.truncated, len(rows))
             self._reported_truncation = True
         targets = self.cluster_tokens[self.index.clusters.assignment[rows]]
-        decoder_inputs = np.concatenate([np.zeros((len(rows), 1), np.int32), targets[:, :-1]], axis=1)
         return {
             "encoder_input_tokens": queries.ids.astype(np.int32),
-            "decoder_input_tokens": decoder_inputs.astype(np.int32),
+            "decoder_input_tokens": decoder_inputs(targets).astype(np.int32),
             "decoder_target_tokens": targets.astype(np.int32),
             "decoder_loss_weights": (targets > 0).astype(np.int32),
             "positive_row": rows.astype(np.int32),
