@@ -15,14 +15,14 @@ For beam search rows = batch * beams, batch-major (row = b * beams + k); for sam
 With a trie, the log-softmax is taken over the full vocabulary (the model's distribution) and then
 restricted to the trie's allowed tokens, so a docid's score is the model's log-likelihood of it and an
 invalid docid can never be emitted. Candidates are the log-probs gathered at the tokens of
-`Trie.children`: K = `trie.sparse_fanout` per row whenever every live row has at most K children (all
-but the first levels of realistic docids), wider (2K, 4K, ... `trie.max_fanout`) only at the high
-fan-out levels near the root, and narrower where a level has fewer children than K (its largest
-fan-out; a `lax.switch` picks the narrowest width that holds every live row's children); no
-vocabulary-wide mask is built and no next state is searched for. Beam search expands only beam 0 at its
-first step (the root, the widest level), since the other beams are not alive yet, and normalises only
-its row; at the trie's depth it only finishes beams (every alive beam's one continuation is EOS), and
-where every docid has that depth no earlier step looks at EOS.
+`Trie.children`: no vocabulary-wide mask is built and no next state is searched for. Beam search expands
+only beam 0 at its first step (the root, the widest level, read whole), since the other beams are not
+alive yet, and normalises only its row; below the root it reads each beam's children at one of two widths
+(`_inner_widths`: the largest level fan-out up to K = `trie.sparse_fanout`, and the widest level's), a
+`lax.cond` picking the narrower where every live beam's children fit. Each width is one more compiled
+copy of the selection, so two keep the first call's compilation short while deep levels cost their own
+fan-out. At the trie's depth the search only finishes beams (every alive beam's one continuation is EOS),
+and where every docid has that depth no earlier step looks at EOS.
 """
 from __future__ import annotations
 
@@ -103,43 +103,78 @@ def _log_normalizer(logits: jax.Array, *, returns_log_probs: bool) -> jax.Array:
     return jax.nn.logsumexp(logits, axis=-1, keepdims=True)
 
 
-def _expansion_widths(trie: Trie) -> list[int]:
-    """Static widths for `trie.children`: K, 2K, 4K, ... below `max_fanout`, then `max_fanout`, and each
-    level's largest fan-out, below K too (so a step never expands wider than its level needs: the deep levels
-    of random docids have 1 or 2 children, not K)."""
-    widths = [trie.sparse_fanout]
-    while widths[-1] < trie.max_fanout:
-        widths.append(min(2 * widths[-1], trie.max_fanout))
-    return sorted({*widths, *(f for f in trie.level_fanouts if f > 0)})
+class _Continuations(NamedTuple):
+    """The best allowed continuations of each group of rows, best first (-inf: empty slot)."""
+
+    scores: jax.Array  # float32[groups, count]: the row's score plus the token's log-prob
+    sources: jax.Array  # int32[groups, count]: the row (within its group) that the continuation extends
+    tokens: jax.Array  # int32[groups, count]
+    next_states: jax.Array  # int32[groups, count]: trie states after the tokens
 
 
-def _allowed_continuations(logits: jax.Array, log_normalizer: jax.Array, states: jax.Array, *, active: jax.Array,
-                           trie: Trie, select: Callable[[jax.Array, jax.Array, jax.Array], Any],
-                           width: int | None = None) -> Any:
-    """Applies `select(values, tokens, next_states)` to each row's allowed next tokens.
+def _best(scores: jax.Array, tokens: jax.Array, next_states: jax.Array, *, count: int) -> _Continuations:
+    """The `count` best of each group's candidates, best first: scores float32[groups, sources, width], tokens and
+    next_states int32 of that shape. With fewer candidates than `count` the other slots score -inf."""
+    groups, sources, width = scores.shape
+    flat = scores.reshape(groups, sources * width)
+    if sources * width < count:
+        flat = jnp.pad(flat, ((0, 0), (0, count - sources * width)), constant_values=NEG_INF)
+    best, picked = jax.lax.top_k(flat, count)
+    picked = jnp.minimum(picked, sources * width - 1)  # an empty slot keeps its -inf score
+    take = lambda x: jnp.take_along_axis(x.reshape(groups, sources * width), picked, axis=1,  # noqa: E731
+                                         mode="promise_in_bounds")
+    return _Continuations(best, picked // width, take(tokens), take(next_states))
 
-    logits: float32[rows, vocab] and log_normalizer float32[rows, 1] (log-probs = logits - log_normalizer,
-    see `_normalized_step`); states: int32[rows] trie states; active: bool[rows], the rows whose
-    result matters. `select` gets float32[rows, width] log-probs gathered at the tokens of
-    `trie.children` (-inf in empty slots), with their tokens and next states int32[rows, width], where
-    width is the smallest of `_expansion_widths` that holds every active row's children: K below the
-    first levels of realistic docids, wider only near the root, a level's own fan-out where that is below K
-    (a `lax.switch`, so no step pays for a wider level than its own). Every branch must return the same
-    shapes. A given `width` is used as is.
+
+def _root_widths(trie: Trie) -> tuple[int, ...]:
+    """The root's children, all read at once (beam search's first step: one row per query)."""
+    return (trie.max_fanout,)
+
+
+def _inner_widths(trie: Trie) -> tuple[int, ...]:
+    """Widths for beams below the root: the largest level fan-out up to K (`sparse_fanout`), read at every level
+    whose rows fit it, and the largest below the root, for the wide levels near it. Every width is one more
+    compiled copy of the selection (docs/decoding.md measures the compile time per width), so there are at most
+    two: deep levels cost their own fan-out (random 8-token docids: 6, not K = 30), wide ones their level's."""
+    fanouts = trie.level_fanouts[1:] or (trie.max_fanout,)
+    narrow = max((f for f in fanouts if f <= trie.sparse_fanout), default=trie.sparse_fanout)
+    return tuple(sorted({narrow, max(fanouts)}))
+
+
+def _any_level_widths(trie: Trie) -> tuple[int, ...]:
+    """Widths for rows at any level (sampling): K, and the largest fan-out."""
+    return tuple(sorted({min(trie.sparse_fanout, trie.max_fanout), trie.max_fanout}))
+
+
+def _best_continuations(logits: jax.Array, log_normalizer: jax.Array, states: jax.Array, *, row_scores: jax.Array,
+                        trie: Trie, group_size: int, count: int, widths: tuple[int, ...],
+                        exclude_eos: bool) -> _Continuations:
+    """The `count` best allowed continuations of each group of `group_size` consecutive rows.
+
+    logits: float32[rows, vocab] and log_normalizer float32[rows, 1] (log-probs = logits - log_normalizer, see
+    `_normalized_step`); states: int32[rows] trie states; row_scores: float32[rows], added to each continuation's
+    log-prob (-inf: the row is not searched). Candidates are the log-probs gathered at the tokens of
+    `Trie.children` (no vocabulary-wide mask, no next-state search), at the narrowest of the static `widths`
+    (ascending; the last must hold any row's children) that holds every searched row's children, picked by a
+    `lax.switch` whose every branch is one compiled copy of the selection.
     """
-    def expand(width: int) -> Any:
-        tokens, next_states, valid = trie.children(states, width=width)
-        values = jnp.where(valid, jnp.take_along_axis(logits, tokens, axis=1) - log_normalizer, NEG_INF)
-        return select(values, tokens, next_states)
+    rows = states.shape[0]
+    groups = rows // group_size
+    searched = row_scores > NEG_INF
 
-    if width is not None:
-        return expand(width)
-    widths = _expansion_widths(trie)
+    def best_of(width: int) -> _Continuations:
+        tokens, next_states, valid = trie.children(states, width=width)
+        keep = valid & (tokens != EOS_ID) if exclude_eos else valid  # a row not searched scores -inf anyway
+        # Children's tokens are vocabulary ids (PAD in empty slots): in bounds, so the gather needs no bounds checks.
+        gathered = jnp.take_along_axis(logits, tokens, axis=1, mode="promise_in_bounds")
+        scores = jnp.where(keep, row_scores[:, None] + gathered - log_normalizer, NEG_INF)
+        return _best(*(x.reshape(groups, group_size, width) for x in (scores, tokens, next_states)), count=count)
+
     if len(widths) == 1:
-        return expand(widths[0])
-    needed = jnp.max(jnp.where(active, trie.num_children(states), 0))
-    branch = jnp.searchsorted(jnp.array(widths[:-1]), needed)  # the first width >= needed
-    return jax.lax.switch(branch, [functools.partial(expand, width) for width in widths])
+        return best_of(widths[0])
+    needed = jnp.max(jnp.where(searched, trie.num_children(states), 0))
+    return jax.lax.switch(jnp.searchsorted(jnp.array(widths[:-1]), needed), [
+        functools.partial(best_of, width) for width in widths])
 
 
 class _BeamState(NamedTuple):
@@ -272,25 +307,16 @@ def beam_search(
                 state, eos_log_probs_of(logits, log_normalizer, source_states).reshape(batch, sources))
 
         # Alive candidates: the best non-EOS continuations of the source beams.
-        def select(values: jax.Array, tokens: jax.Array, next_states: jax.Array):
-            width = values.shape[1]
-            values = jnp.where(tokens == eos_id, NEG_INF, values)
-            totals = (source_scores[:, :, None] + values.reshape(batch, sources, width)).reshape(batch, -1)
-            if sources * width < beams:  # fewer candidates than beams: the rest stay empty (-inf)
-                totals = jnp.pad(totals, ((0, 0), (0, beams - sources * width)), constant_values=NEG_INF)
-            scores, picked = jax.lax.top_k(totals, beams)
-            picked = jnp.minimum(picked, sources * width - 1)  # padding slots keep their -inf score
-            take = lambda x: jnp.take_along_axis(x.reshape(batch, -1), picked, axis=1)  # noqa: E731
-            return scores, picked // width, take(tokens), take(next_states)
-
         if trie is None:  # top num_beams + 1 per beam first (one may be EOS): no [rows, vocab] copy
             values, tokens = jax.lax.top_k(logits, min(beams + 1, vocab))
-            alive_scores, parents, tokens, next_states = select(values - log_normalizer, tokens,
-                                                                jnp.zeros_like(tokens))
+            values = jnp.where(tokens == eos_id, NEG_INF, source_scores.reshape(-1, 1) + values - log_normalizer)
+            alive_scores, parents, tokens, next_states = _best(
+                *(x.reshape(batch, sources, -1) for x in (values, tokens, jnp.zeros_like(tokens))), count=beams)
         else:
-            alive_scores, parents, tokens, next_states = _allowed_continuations(
-                logits, log_normalizer, source_states, active=source_scores.reshape(-1) > NEG_INF, trie=trie,
-                select=select, width=trie.max_fanout if sources == 1 else None)  # one row per query: full width
+            alive_scores, parents, tokens, next_states = _best_continuations(
+                logits, log_normalizer, source_states, row_scores=source_scores.reshape(-1), trie=trie,
+                group_size=sources, count=beams, widths=_root_widths(trie) if sources == 1 else _inner_widths(trie),
+                exclude_eos=True)
         alive_sequences = jnp.take_along_axis(state.alive_sequences, parents[:, :, None], axis=1)
         alive_sequences = alive_sequences.at[:, :, position].set(tokens)
         return state._replace(
@@ -411,25 +437,19 @@ def sample(
         position = state.position
         logits, log_normalizer, cache = _normalized_step(step_fn, state.last_tokens, position, state.cache)
 
-        def select_sample(values: jax.Array, tokens: jax.Array, next_states: jax.Array):
-            if values.shape[1] > top_k:
-                values, picked = jax.lax.top_k(values, top_k)
-                tokens = jnp.take_along_axis(tokens, picked, axis=1)
-                next_states = jnp.take_along_axis(next_states, picked, axis=1)
-            if temperature == 0.0:
-                choice = jnp.argmax(values, axis=-1)
-            else:
-                choice = jax.random.categorical(jax.random.fold_in(rng, position), values / temperature, axis=-1)
-            pick = lambda x: jnp.take_along_axis(x, choice[:, None], axis=1)[:, 0]  # noqa: E731
-            return pick(values), pick(tokens), pick(next_states)
-
         if trie is None:
             values, tokens = jax.lax.top_k(logits, min(top_k, logits.shape[1]))
-            value, token, next_state = select_sample(values - log_normalizer, tokens, jnp.zeros_like(tokens))
+            values, next_states = values - log_normalizer, jnp.zeros_like(tokens)
+        else:  # the top_k allowed tokens of each row
+            values, _, tokens, next_states = _best_continuations(
+                logits, log_normalizer, state.trie_states, row_scores=jnp.where(state.finished, NEG_INF, 0.0),
+                trie=trie, group_size=1, count=top_k, widths=_any_level_widths(trie), exclude_eos=False)
+        if temperature == 0.0:
+            choice = jnp.argmax(values, axis=-1)
         else:
-            value, token, next_state = _allowed_continuations(logits, log_normalizer, state.trie_states,
-                                                              active=~state.finished, trie=trie,
-                                                              select=select_sample)
+            choice = jax.random.categorical(jax.random.fold_in(rng, position), values / temperature, axis=-1)
+        pick = lambda x: jnp.take_along_axis(x, choice[:, None], axis=1)[:, 0]  # noqa: E731
+        value, token, next_state = pick(values), pick(tokens), pick(next_states)
         stuck = ~state.finished & (value == NEG_INF)  # no allowed continuation (cannot happen with a valid trie)
         token = jnp.where(state.finished | stuck, PAD_ID, token)
         return _SampleState(

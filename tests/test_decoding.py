@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from gr_jax import decoding
 from gr_jax.decoding import beam_search, brevity_penalty, sample, score_sequences
 from gr_jax.docids.trie import Trie
 
@@ -424,6 +425,22 @@ def reference_fixed_length_beam_search(model: ToyRNN, rows: np.ndarray, *, query
              for content, score in kept.items()}
     ranked = sorted(final.items(), key=lambda item: -item[1])
     return rows[[row_of[content] for content, _ in ranked]], np.array([score for _, score in ranked])
+
+
+@pytest.mark.parametrize("sparse_fanout, widths", [(3, (2, 4)), (4, (4,)), (1, (1, 4))])
+def test_beams_below_the_root_are_read_at_two_widths_at_most(sparse_fanout, widths):
+    """Level fan-outs 3, 4, 2, 1 (the root, then below it): below the root the search reads the largest fan-out up
+    to K, and the largest, so a deep level never pays for a wide one and the search compiles two selections."""
+    rows = np.array([[2, 2, 2, EOS, PAD], [2, 2, 3, EOS, PAD], [2, 3, EOS, PAD, PAD], [2, 4, EOS, PAD, PAD],
+                     [2, 5, EOS, PAD, PAD], [3, EOS, PAD, PAD, PAD], [4, 2, 2, 2, EOS]], np.int32)
+    trie = Trie.build(rows, vocab_size=8, sparse_fanout=sparse_fanout)
+    assert trie.level_fanouts == (3, 4, 2, 1, 1)
+    assert decoding._inner_widths(trie) == widths
+    model = ToyRNN(vocab_size=8, num_queries=2, max_length=5, seed=3)
+    sequences, scores = run_beam_search(model, batch=2, beams=len(rows), max_decode_len=5, trie=trie)
+    for query in range(2):  # every docid, ranked: both widths are exact
+        order = np.argsort(-model.score(rows, query))
+        np.testing.assert_array_equal(sequences[query], rows[order])
 
 
 @pytest.mark.parametrize("beams, sparse_fanout", [(3, 2), (5, 64), (12, 3)])
