@@ -9,6 +9,9 @@ in one clear line.
   with `error: <message>` (the message names the file and line where there is one) and exit status 1, not a
   traceback. Any other error ends with `error: <type>: <message>` and its traceback goes to the run's log file
   (`gr_jax.logs`). Set GR_JAX_TRACEBACK=1 to see tracebacks instead.
+* Programs that take a second or more to compile (a train step, a constrained search) are kept in JAX's persistent
+  compilation cache, so a second run of an entry point (another `gr-jax search`, each evaluation) loads them
+  instead of compiling again: `compilation_cache_dir` says where.
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ import re
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any, Optional, TypeVar
 
 from gr_jax import logs
 
@@ -71,12 +74,46 @@ class _DropSeqioCacheAdvice(logging.Filter):
 _SEQIO_CACHE_ADVICE = _DropSeqioCacheAdvice()
 
 
+COMPILATION_CACHE_ENV = "GR_JAX_COMPILATION_CACHE"
+COMPILATION_CACHE_MAX_BYTES = 4 << 30  # JAX evicts the least recently used programs beyond it
+
+
+def compilation_cache_dir() -> Optional[str]:
+    """Where entry points keep compiled programs: $GR_JAX_COMPILATION_CACHE (a directory, or a bucket path on a pod,
+    which JAX's cache reads; `off` for none), else $XDG_CACHE_HOME/gr_jax/jax or ~/.cache/gr_jax/jax. A
+    JAX_COMPILATION_CACHE_DIR already set (JAX's own variable, e.g. the test suite's) is used as it is."""
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return os.environ["JAX_COMPILATION_CACHE_DIR"]
+    chosen = os.environ.get(COMPILATION_CACHE_ENV)
+    if chosen is not None:
+        return None if chosen.strip().lower() in ("", "off") else chosen
+    cache_home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache_home, "gr_jax", "jax")
+
+
+def _use_compilation_cache() -> None:
+    """Points JAX's persistent compilation cache at `compilation_cache_dir()`: through JAX's environment variables
+    when JAX is not imported yet (they reach subprocesses too), else through its config, unless a cache is set."""
+    directory = compilation_cache_dir()
+    if directory is None:
+        return
+    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", directory)
+    os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(COMPILATION_CACHE_MAX_BYTES))
+    jax = sys.modules.get("jax")
+    if jax is not None:  # imported before setup: its config read the environment already
+        if not jax.config.jax_compilation_cache_dir:
+            jax.config.update("jax_compilation_cache_dir", directory)
+            if jax.config.jax_compilation_cache_max_size < 0:
+                jax.config.update("jax_compilation_cache_max_size", COMPILATION_CACHE_MAX_BYTES)
+
+
 def setup(*, log_format: str = logs.FORMAT) -> None:
-    """TensorFlow imported quietly and kept off the accelerators, then console logging (`gr_jax.logs`) at
-    GR_JAX_LOG_LEVEL (default INFO; e.g. WARNING for a demo that should show only progress bars and results). Call it
-    first: before any import that loads TensorFlow (seqio, `gr_jax.training`), whose start-up would otherwise print,
-    and before anything logs."""
+    """JAX's persistent compilation cache (`compilation_cache_dir`), TensorFlow imported quietly and kept off the
+    accelerators, then console logging (`gr_jax.logs`) at GR_JAX_LOG_LEVEL (default INFO; e.g. WARNING for a demo
+    that should show only progress bars and results). Call it first: before any import that loads TensorFlow (seqio,
+    `gr_jax.training`), whose start-up would otherwise print, and before anything logs."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    _use_compilation_cache()
     if "tensorflow" not in sys.modules:
         with _quiet_stderr():  # hiding GPUs initialises TensorFlow's CUDA platform, which prints too
             try:

@@ -30,6 +30,31 @@ def test_a_real_start_has_no_noise():
     assert out.stdout == "ok\n" and out.stderr == ""
 
 
+def test_entry_points_keep_compiled_programs_in_the_persistent_cache(tmp_path):
+    """Programs compiled after `setup` are written to GR_JAX_COMPILATION_CACHE and read back by the next process (its
+    compiles are cache hits), also where JAX was imported before `setup`; `off` keeps none."""
+    program = ("jax.config.update('jax_persistent_cache_min_compile_time_secs', 0); "
+               "from jax._src import monitoring; hits = []; "
+               "monitoring.register_event_listener(lambda event, **_: hits.append(event)); "
+               "jax.jit(lambda x: (x @ x.T).sum())(jax.numpy.ones((8, 8))).block_until_ready(); "
+               "print(sum(e == '/jax/compilation_cache/cache_hits' for e in hits))")
+    setup = ("import sys; sys.modules['tensorflow'] = None; "  # setup imports TensorFlow if it can: not needed here
+             "from gr_jax import entry_point; entry_point.setup(); ")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
+    cache = tmp_path / "cache"
+
+    def hits(script: str, where: str) -> int:
+        return int(subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                                  env={**env, "GR_JAX_COMPILATION_CACHE": where}).stdout)
+
+    assert hits(setup + "import jax; " + program, str(cache)) == 0  # compiled and written
+    written = sorted(p.name for p in cache.iterdir())
+    assert any(name.endswith("-cache") for name in written)
+    assert hits("import jax; " + setup + program, str(cache)) > 0  # read back; JAX imported first
+    assert hits(setup + "import jax; " + program, "off") == 0
+    assert sorted(p.name for p in cache.iterdir()) == written
+
+
 def _exit_code(body):
     """What `entry_point.run(body)` exits with (the `error:` line, which Python prints to stderr, or a status)."""
     with pytest.raises(SystemExit) as exit_info:
