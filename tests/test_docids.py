@@ -6,6 +6,7 @@ import pytest
 
 from gr_jax.data.readers import DataFormatError
 from gr_jax.docids import DocidSpace, DocidTable
+from gr_jax.docids import table as table_module
 from gr_jax.docids.schemes.naive import naive_docid_table
 from gr_jax.vocabulary import EOS_ID
 
@@ -125,6 +126,53 @@ def test_load_errors_name_path_and_line(tmp_path, content, line, message):
     path.write_text(content, encoding="utf-8")
     with pytest.raises(DataFormatError, match=f"bad.tsv:{line}: .*{message}"):
         DocidTable.load(path)
+
+
+def test_load_reads_blocks_vectorised_and_line_by_line_alike(tmp_path, monkeypatch):
+    """Small blocks, so that lines in save's exact form (parsed with numpy) and lines outside it (a long or non-ASCII
+    docid, CRLF, runs of spaces: parsed line by line) fall in different blocks: the table is the one a plain
+    line-by-line reading gives, and an error deep in the file names its line."""
+    monkeypatch.setattr(table_module, "_BLOCK_BYTES", 64)
+    rng = np.random.default_rng(3)
+    lines, expected = [], {}
+    for i in range(400):
+        docid = (f"p{i}" if i % 7 else f"{'x' * 70}{i}") + ("é" if i % 11 == 0 else "")
+        sequence = [int(t) for t in rng.integers(2, 5000, int(rng.integers(1, 6)))] + [1]
+        separator = "  " if i % 13 == 0 else " "
+        ending = "\r\n" if i % 17 == 0 else "\n"
+        lines.append(f"{docid}\t{separator.join(map(str, sequence))}{ending}")
+        expected[docid] = sequence
+    path = tmp_path / "docids.tsv"
+    path.write_bytes("".join(lines).encode("utf-8"))
+    loaded = DocidTable.load(path)
+    assert loaded.docids == list(expected)
+    for row, sequence in enumerate(expected.values()):
+        assert loaded.tokens[row, :loaded.lengths[row]].tolist() == sequence
+    vectorised = sum(table_module._parse_block(line.encode()) is not None for line in lines)
+    assert 0 < vectorised < len(lines)  # both readers were used
+    np.testing.assert_array_equal(loaded.rows_of(list(expected)[::-1]), np.arange(400)[::-1])
+
+    bad = lines[:301] + ["q\t5 0 1\n"] + lines[301:]
+    path.write_bytes("".join(bad).encode("utf-8"))
+    with pytest.raises(DataFormatError, match="docids.tsv:302: .*other than PAD=0"):
+        DocidTable.load(path)
+    again = lines + [lines[250].replace("\r\n", "\n").split("\t")[0] + "\t77 1\n"]
+    path.write_bytes("".join(again).encode("utf-8"))
+    with pytest.raises(DataFormatError, match="docids.tsv:401: duplicate docid .*first on line 251"):
+        DocidTable.load(path)
+
+
+def test_docids_are_a_string_array_that_reads_as_a_tuple():
+    table = DocidTable(docids=iter(["b", "a", "é", "c"]), tokens=np.array([[5, 1], [6, 1], [7, 1], [8, 1]]))
+    assert table.docids == ("b", "a", "é", "c") and table.docids == ["b", "a", "é", "c"] and table.docids != ("b",)
+    assert table.docids[2] == "é" and type(table.docids[2]) is str and table.docids.index("c") == 3
+    assert table.docids[1:3] == ("a", "é") and list(table.docids) == ["b", "a", "é", "c"]
+    assert not table.docids.array.flags.writeable
+    np.testing.assert_array_equal(table.rows_of(["é", "c", "cc", "a" * 9]), [2, 3, -1, -1])
+    with pytest.raises(TypeError, match="strings"):
+        DocidTable(docids=["a", 5], tokens=np.array([[5, 1], [6, 1]]))
+    with pytest.raises(ValueError, match="differ only in trailing NUL"):
+        DocidTable(docids=["a", "a\x00"], tokens=np.array([[5, 1], [6, 1]]))
 
 
 def test_save_refuses_docids_with_tabs(tmp_path):

@@ -22,11 +22,14 @@ import functools
 import itertools
 import os
 import pathlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, cast, overload
 
 import numpy as np
+from numpy.dtypes import StringDType
 
 from gr_jax.data.readers import DataFormatError, write_tsv
+from gr_jax.data.string_arrays import string_array
 from gr_jax.vocabulary import EOS_ID, PAD_ID
 
 PathLike = str | os.PathLike
@@ -89,27 +92,122 @@ def first_collision(tokens: np.ndarray) -> tuple[int, int, int] | None:
     return int(order[j]), int(order[j + 1]), int(same.sum())
 
 
+def lookup_keys(names: np.ndarray) -> np.ndarray:
+    """The docids `names` (a StringDType array) as fixed-width UTF-8 bytes, the form in which a table sorts and
+    searches them: numpy's `searchsorted` over StringDType arrays reads past its buffers when the needles and the
+    sorted docids are different arrays (numpy/numpy#31533, unfixed in the pinned 2.4.6), bytes arrays are safe.
+    Bytes order UTF-8 text as its code points, as str does."""
+    if not names.size:
+        return np.zeros(names.shape, "S1")
+    try:  # ASCII docids (MS MARCO pids, WordNet synsets) cast directly
+        return names.astype(f"S{max(int(np.strings.str_len(names).max()), 1)}")
+    except UnicodeEncodeError:
+        return np.strings.encode(names, "utf-8")
+
+
+class _DuplicateDocid(ValueError):
+    def __init__(self, message: str, *, rows: tuple[int, int]):
+        super().__init__(message)
+        self.rows = rows
+
+
+class _Collision(ValueError):
+    def __init__(self, message: str, *, rows: tuple[int, int]):
+        super().__init__(message)
+        self.rows = rows
+
+
+def first_duplicate(names: np.ndarray, *, order: np.ndarray | None = None) -> tuple[int, int] | None:
+    """(a, b): the first row b (in row order) whose name an earlier row a holds, or None if all are distinct.
+
+    names: a 1-D string array; order: its stable argsort, if already made. One sort, no set or dict of the names.
+    """
+    if names.shape[0] < 2:
+        return None
+    order = np.argsort(names, kind="stable") if order is None else order
+    ordered = names[order]
+    same = ordered[1:] == ordered[:-1]
+    if not same.any():
+        return None
+    # Within a run of equal names the rows ascend (stable sort): the run's first pair is (its first row, its second).
+    starts = np.flatnonzero(same & np.concatenate([[True], ~same[:-1]]))
+    k = starts[np.argmin(order[starts + 1])]
+    return int(order[k]), int(order[k + 1])
+
+
+class DocidNames(Sequence[str]):
+    """The docids of a table, in order: a sequence of str held in one `gr_jax.data.string_arrays` array, not a Python
+    object per docid (8.8M MS MARCO pids: 141 MB, against ~570 MB as a tuple of str). Reads as a tuple of str
+    (indexing, iteration, `==` with a tuple or list); `array` is the read-only array for vectorised work."""
+
+    __slots__ = ("array",)
+    array: np.ndarray
+
+    def __init__(self, docids: Iterable[str] | np.ndarray):
+        if isinstance(docids, DocidNames):
+            array = docids.array
+        elif isinstance(docids, np.ndarray) and isinstance(docids.dtype, StringDType):
+            array = docids.view()
+        else:
+            try:
+                array = string_array(docids)  # an iterator: a chunk at a time, never a list of every docid
+            except TypeError:
+                raise TypeError("docids must be strings") from None
+        if array.ndim != 1:
+            raise ValueError(f"docids must be one-dimensional, got shape {list(array.shape)}")
+        array.setflags(write=False)
+        self.array = array
+
+    def __len__(self) -> int:
+        return self.array.shape[0]
+
+    @overload
+    def __getitem__(self, index: int | np.integer) -> str: ...
+
+    @overload
+    def __getitem__(self, index: slice | np.ndarray) -> DocidNames: ...
+
+    def __getitem__(self, index):
+        if isinstance(index, (slice, np.ndarray)):
+            return DocidNames(self.array[index])
+        return str(self.array[index])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.array.tolist())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, DocidNames):
+            return bool(np.array_equal(self.array, other.array))
+        if isinstance(other, (tuple, list)):
+            return len(other) == len(self) and all(a == b for a, b in zip(self.array.tolist(), other))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # equal to tuples, which hash otherwise
+
+    def __repr__(self) -> str:
+        shown = ", ".join(repr(d) for d in self.array[:5].tolist())
+        return f"DocidNames([{shown}{', ...' if len(self) > 5 else ''}], {len(self)} docids)"
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class DocidTable:
     """The target token sequence of every docid.
 
-    docids: N unique docid strings.
+    docids: N unique docid strings (any sequence of str; kept as `DocidNames`).
     tokens: int32[N, L]; row i is docid i's tokens, EOS, then PAD (see the module docstring).
     """
 
-    docids: tuple[str, ...]
+    docids: Sequence[str] | np.ndarray  # a `DocidNames` once constructed
     tokens: np.ndarray
 
     def __post_init__(self):
-        docids = tuple(self.docids)
+        docids = DocidNames(self.docids)
         tokens = np.asarray(self.tokens)
         if tokens.ndim != 2 or not np.issubdtype(tokens.dtype, np.integer):
             raise ValueError(f"tokens must be an integer matrix [num_docids, length], got "
                              f"{tokens.dtype}{list(tokens.shape)}")
         if len(docids) != tokens.shape[0]:
             raise ValueError(f"{len(docids)} docids but {tokens.shape[0]} token rows")
-        if not all(isinstance(d, str) for d in docids):
-            raise TypeError("docids must be strings")
         if tokens.size and tokens.max() > np.iinfo(np.int32).max:
             raise ValueError("token ids must fit in int32")
         tokens = np.ascontiguousarray(tokens, dtype=np.int32).view()  # a read-only view; the caller's flags stay
@@ -124,22 +222,32 @@ class DocidTable:
                              f"{reason}; {count} malformed row(s) in all")
         self._check_no_collisions()
 
+    @property
+    def _names(self) -> np.ndarray:
+        """The docids' string array."""
+        return cast(DocidNames, self.docids).array
+
     def _check_docids_unique(self) -> None:
-        if len(set(self.docids)) != len(self.docids):
-            seen: dict[str, int] = {}
-            for i, docid in enumerate(self.docids):
-                if docid in seen:
-                    raise ValueError(f"duplicate docid {docid!r} (rows {seen[docid]} and {i})")
-                seen[docid] = i
+        """Refuses a docid on two rows (and two that only trailing NULs tell apart: their search keys are equal); the
+        sorted keys are kept for `rows_of`."""
+        keys = lookup_keys(self._names)
+        order = np.argsort(keys, kind="stable")
+        duplicate = first_duplicate(keys, order=order)
+        if duplicate is not None:
+            a, b = duplicate
+            raise _DuplicateDocid(f"duplicate docid {self.docids[b]!r} (rows {a} and {b})" if self.docids[a] ==
+                                  self.docids[b] else f"docids {self.docids[a]!r} (row {a}) and {self.docids[b]!r} "
+                                  f"(row {b}) differ only in trailing NUL characters", rows=(a, b))
+        self.__dict__["_sorted_docids"] = (keys[order], order)  # the cached property, filled
 
     def _check_no_collisions(self) -> None:
         """Two docids with one token sequence would make a decoded sequence ambiguous: refuse them."""
         collision = first_collision(self.tokens)
         if collision is not None:
             a, b, count = collision
-            raise ValueError(f"docids {self.docids[a]!r} (row {a}) and {self.docids[b]!r} (row {b}) have the same "
+            raise _Collision(f"docids {self.docids[a]!r} (row {a}) and {self.docids[b]!r} (row {b}) have the same "
                              f"token sequence {self.tokens[a, :self.lengths[a]].tolist()} (a collision); "
-                             f"{count} colliding pair(s) in all")
+                             f"{count} colliding pair(s) in all", rows=(a, b))
 
     def __len__(self) -> int:
         return len(self.docids)
@@ -206,20 +314,21 @@ class DocidTable:
 
     @functools.cached_property
     def _sorted_docids(self) -> tuple[np.ndarray, np.ndarray]:
-        """(docids as a sorted unicode array, their rows): built on the first `rows_of` (8.8M MS MARCO pids: ~300
-        MB and a few seconds, a third of a dict's memory)."""
-        names = np.asarray(self.docids, dtype=str)
-        order = np.argsort(names, kind="stable")
-        return names[order], order
+        """(the docids' `lookup_keys` sorted, their rows), made when the table is checked (8.8M MS MARCO pids: 62 MB
+        of keys and 70 MB of rows, no dict)."""
+        keys = lookup_keys(self._names)
+        order = np.argsort(keys, kind="stable")
+        return keys[order], order
 
     def rows_of(self, docids: Sequence[str]) -> np.ndarray:
         """int64[len(docids)]: the row of each docid, -1 for a docid not in the table."""
-        names, order = self._sorted_docids
-        wanted = np.asarray(list(docids), dtype=str)
-        if not wanted.size or not names.size:
+        keys, order = self._sorted_docids
+        wanted = lookup_keys(DocidNames(docids).array)
+        if not wanted.size or not keys.size:
             return np.full(wanted.shape, -1, np.int64)
-        position = np.minimum(np.searchsorted(names, wanted), names.size - 1)
-        return np.where(names[position] == wanted, order[position], -1).astype(np.int64)
+        # A key wider than the table's is cut to its width by the search, then told apart by the comparison.
+        position = np.minimum(np.searchsorted(keys, wanted), keys.size - 1)
+        return np.where(keys[position] == wanted, order[position], -1).astype(np.int64)
 
     def __contains__(self, docid: object) -> bool:
         return isinstance(docid, str) and self.rows_of([docid])[0] >= 0
@@ -241,51 +350,139 @@ class DocidTable:
 
     @classmethod
     def load(cls, path: PathLike) -> DocidTable:
-        """Reads a table written by `save`; malformed lines raise `DataFormatError` naming `path:line`."""
+        """Reads a table written by `save`; malformed lines raise `DataFormatError` naming `path:line`.
+
+        The file is parsed in line-aligned blocks with numpy (`_parse_block`: the docids into a string array, the
+        token ids into one flat array), so no Python object is made per line: 8.8M docids take about the table's
+        own memory. A block holding a line outside `save`'s exact form is read line by line instead, which also
+        accepts what the format allows beyond it (runs of spaces, CRLF) and names the first malformed line.
+        """
         path = pathlib.Path(path)
-        docids: list[str] = []
-        sequences: list[list[int]] = []
-        first_line: dict[str, int] = {}
+        names, lengths, flats = [], [], []
+        first_line = 1
         with open(path, "rb") as f:
-            for line_number, raw in enumerate(f, start=1):
-                try:
-                    line = raw.decode("utf-8").rstrip("\r\n")
-                except UnicodeDecodeError as e:
-                    raise DataFormatError.at(path, line_number,
-                                             f"not valid UTF-8 ({e.reason} at byte {e.start})") from None
-                fields = line.split("\t")
-                if len(fields) != 2 or not fields[0]:
-                    raise DataFormatError.at(path, line_number, "expected `docid \\t space-separated token ids`")
-                docid, text = fields
-                try:
-                    sequence = [int(t) for t in text.split()]
-                except ValueError:
-                    raise DataFormatError.at(path, line_number, f"token ids must be integers, got {text!r}") from None
-                if len(sequence) < 2 or sequence[-1] != EOS_ID or any(t in (PAD_ID, EOS_ID) or not 0 <= t < 2**31
-                                                                      for t in sequence[:-1]):
-                    raise DataFormatError.at(path, line_number, f"expected content token ids in [0, 2**31) other than "
-                                             f"PAD={PAD_ID} and EOS={EOS_ID}, then EOS={EOS_ID}; got {text!r}")
-                if docid in first_line:
-                    raise DataFormatError.at(path, line_number,
-                                             f"duplicate docid {docid!r} (first on line {first_line[docid]})")
-                first_line[docid] = line_number
-                docids.append(docid)
-                sequences.append(sequence)
-        tokens = _pad_sequences(sequences)
-        collision = first_collision(tokens)
-        if collision is not None:
-            a, b, _ = collision
-            raise DataFormatError.at(path, first_line[docids[b]],
-                                     f"docid {docids[b]!r} has the same token sequence as docid {docids[a]!r} on "
-                                     f"line {first_line[docids[a]]} (a collision)")
-        return cls(docids=tuple(docids), tokens=tokens)
+            for block in _line_blocks(f):
+                parsed = _parse_block(block) or _parse_lines(path, block, first_line=first_line)
+                names.append(parsed[0])
+                lengths.append(parsed[1])
+                flats.append(parsed[2])
+                first_line += parsed[1].size
+        docids = np.concatenate(names) if names else np.array([], dtype=StringDType())
+        row_lengths = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
+        tokens = scatter_rows(np.concatenate(flats) if flats else np.zeros(0, np.int32), row_lengths,
+                              width=int(row_lengths.max(initial=0)))
+        try:
+            return cls(docids=docids, tokens=tokens)
+        except _DuplicateDocid as e:
+            raise DataFormatError.at(path, e.rows[1] + 1, f"duplicate docid {str(docids[e.rows[1]])!r} (first on "
+                                     f"line {e.rows[0] + 1})") from None
+        except _Collision as e:
+            a, b = e.rows
+            raise DataFormatError.at(path, b + 1, f"docid {str(docids[b])!r} has the same token sequence as docid "
+                                     f"{str(docids[a])!r} on line {a + 1} (a collision)") from None
 
 
-def _pad_sequences(sequences: Sequence[Sequence[int]]) -> np.ndarray:
-    """Right-pads token lists with PAD into int32[len(sequences), longest]."""
+_BLOCK_BYTES = 4 << 20  # a table file is parsed this much at a time: tens of MB of temporaries at any size
+_FAST_DOCID_BYTES = 64  # longer docids are parsed line by line (a fixed-width byte matrix would be mostly padding)
+
+
+def _line_blocks(f: Any) -> Iterator[bytes]:
+    """The bytes of a binary file in blocks of about `_BLOCK_BYTES`, each ending at a line end (or the file's)."""
+    while True:
+        block = f.read(_BLOCK_BYTES)
+        if not block:
+            return
+        if not block.endswith(b"\n"):
+            block += f.readline()
+        yield block
+
+
+def _parse_block(block: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(docids StringDType[n], token counts int64[n], token ids int32[sum]) of the n lines of `block` when every one
+    is exactly as `DocidTable.save` writes it (`docid \\t ids \\n`, ids single-space separated, the last EOS, no
+    PAD or EOS before it, each < 2**31); None otherwise (`_parse_lines` then reads the block and says what is wrong).
+    Vectorised over the block's bytes: no Python object per line."""
+    if not block.endswith(b"\n"):
+        block += b"\n"
+    b = np.frombuffer(block, np.uint8)
+    ends = np.flatnonzero(b == ord("\n"))
+    n = ends.size
+    tabs = np.flatnonzero(b == ord("\t"))
+    starts = np.concatenate([[0], ends[:-1] + 1])
+    if tabs.size != n or (b == ord("\r")).any() or not ((starts <= tabs) & (tabs < ends)).all():
+        return None  # not one tab in every line, or CRLF line ends
+    docid_bytes = tabs - starts
+    if (docid_bytes <= 0).any() or docid_bytes.max() > _FAST_DOCID_BYTES or (ends - tabs < 2).any():
+        return None
+    mark = np.zeros(b.size + 1, np.int8)
+    mark[tabs + 1], mark[ends] = 1, -1
+    in_ids = np.cumsum(mark[:-1], dtype=np.int8).astype(bool)
+    digit = (b >= ord("0")) & (b <= ord("9"))
+    space = b == ord(" ")
+    if (in_ids & ~digit & ~space).any():
+        return None
+    spaces = np.flatnonzero(in_ids & space)
+    if not (digit[spaces - 1] & digit[spaces + 1]).all():  # a space between two digits: no run, none at the ends
+        return None
+    is_start = in_ids & digit & ~np.concatenate([[False], digit[:-1]])
+    is_last = in_ids & digit & ~np.concatenate([digit[1:], [False]])
+    id_starts, id_ends = np.flatnonzero(is_start), np.flatnonzero(is_last) + 1
+    digits = id_ends - id_starts
+    if (digits > 10).any():
+        return None
+    values = np.zeros(id_starts.size, np.int64)
+    for k in range(10):  # one pass per digit position keeps the temporaries O(ids)
+        more = digits > k
+        values = np.where(more, values * 10 + b[np.minimum(id_starts + k, b.size - 1)] - ord("0"), values)
+    started = np.cumsum(is_start, dtype=np.int64)
+    counts = started[ends] - started[tabs]  # the ids between a line's tab and its end
+    last = np.cumsum(counts) - 1
+    inner = np.ones(values.size, bool)
+    inner[last] = False
+    if ((counts < 2).any() or (values[last] != EOS_ID).any() or (values >= 2**31).any()
+            or ((values[inner] == PAD_ID) | (values[inner] == EOS_ID)).any()):
+        return None
+    width = int(docid_bytes.max())
+    columns = np.arange(width)
+    in_docid = columns < docid_bytes[:, None]
+    matrix = np.where(in_docid, b[np.minimum(starts[:, None] + columns, b.size - 1)], 0).astype(np.uint8)
+    if (matrix[np.arange(n), docid_bytes - 1] == 0).any():
+        return None  # a docid ending in NUL, which fixed-width bytes would drop
+    try:  # the cast decodes UTF-8, strictly
+        names = np.ascontiguousarray(matrix).view(f"S{width}").ravel().astype(StringDType())
+    except UnicodeDecodeError:
+        return None
+    return names, counts, values.astype(np.int32)
+
+
+def _parse_lines(path: pathlib.Path, block: bytes, *, first_line: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`_parse_block`'s result for a block read line by line (its first line is `first_line` of `path`); a malformed
+    line raises `DataFormatError` naming it."""
+    docids: list[str] = []
+    sequences: list[list[int]] = []
+    lines = block.split(b"\n")
+    for line_number, raw in enumerate(lines[:-1] if block.endswith(b"\n") else lines, start=first_line):
+        try:
+            line = raw.decode("utf-8").rstrip("\r\n")
+        except UnicodeDecodeError as e:
+            raise DataFormatError.at(path, line_number, f"not valid UTF-8 ({e.reason} at byte {e.start})") from None
+        fields = line.split("\t")
+        if len(fields) != 2 or not fields[0]:
+            raise DataFormatError.at(path, line_number, "expected `docid \\t space-separated token ids`")
+        docid, text = fields
+        try:
+            sequence = [int(t) for t in text.split()]
+        except ValueError:
+            raise DataFormatError.at(path, line_number, f"token ids must be integers, got {text!r}") from None
+        if len(sequence) < 2 or sequence[-1] != EOS_ID or any(t in (PAD_ID, EOS_ID) or not 0 <= t < 2**31
+                                                              for t in sequence[:-1]):
+            raise DataFormatError.at(path, line_number, f"expected content token ids in [0, 2**31) other than "
+                                     f"PAD={PAD_ID} and EOS={EOS_ID}, then EOS={EOS_ID}; got {text!r}")
+        docids.append(docid)
+        sequences.append(sequence)
     lengths = np.fromiter(map(len, sequences), dtype=np.int64, count=len(sequences))
     flat = np.fromiter(itertools.chain.from_iterable(sequences), dtype=np.int32, count=int(lengths.sum()))
-    return scatter_rows(flat, lengths, width=int(lengths.max(initial=0)))
+    return np.array(docids, dtype=StringDType()), lengths, flat
 
 
 def scatter_rows(flat: np.ndarray, lengths: np.ndarray, *, width: int) -> np.ndarray:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import json
 import logging
 import pathlib
@@ -35,9 +36,11 @@ from typing import Optional
 import numpy as np
 
 from gr_jax.data.batches import SeededEpochs, sharded_batches
+from gr_jax.data.d2q import iter_passage_queries
 from gr_jax.data.features import decoder_inputs
 from gr_jax.data.pairs import labeled_queries
 from gr_jax.data.readers import DocumentLookup, open_dataset
+from gr_jax.data.string_arrays import string_array
 from gr_jax.dense.data import CorpusDocuments
 from gr_jax.dense.towers import Tokenizer
 from gr_jax.gdr import index as gdr_index
@@ -46,6 +49,7 @@ from gr_jax.gdr.index import ClusteredIndex
 logger = logging.getLogger(__name__)
 
 _INDEXING = -1  # example_text value of an indexing example (the document's own text)
+_D2Q_PASSAGES_AT_ONCE = 65_536  # passages whose synthetic queries are read into Python objects at a time
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,10 +92,11 @@ class GdrData:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Examples:
-    """query_texts: str[Q] (labeled and d2q queries); example_text: int64[E], an index into query_texts or -1 (the
-    document's own text); example_row: int64[E], the positive's row in the clustered index; collection_row:
-    int64[num index rows], each index row's row in the data dir's collection (-1: an added document)."""
-    query_texts: tuple[str, ...]
+    """query_texts: StringDType[Q] (labeled and d2q queries: `gr_jax.data.string_arrays`, no Python object each);
+    example_text: int64[E], an index into query_texts or -1 (the document's own text); example_row: int64[E], the
+    positive's row in the clustered index; collection_row: int64[num index rows], each index row's row in the data
+    dir's collection (-1: an added document)."""
+    query_texts: np.ndarray
     example_text: np.ndarray
     example_row: np.ndarray
     collection_row: np.ndarray
@@ -111,27 +116,28 @@ def training_examples(*, data: GdrData, index: ClusteredIndex) -> Examples:
         raise ValueError(f"{data.data_dir}: {int((in_index < 0).sum())} documents of the collection (e.g. "
                          f"{missing!r}) are not in the clustered index {data.index_dir}: an index of another corpus?")
     collection_row[in_index] = np.arange(len(corpus))
-    texts: list[str] = []
+    text_chunks: list[np.ndarray] = []  # StringDType arrays: no Python object per query outlives its chunk
     example_text: list[np.ndarray] = []
     example_row: list[np.ndarray] = []
     counts = {}
     labeled = labeled_queries(dataset=corpus.dataset, split=data.train_split, known_docids=corpus,
                               first_relevant_only=False)
-    texts.extend(labeled.texts)
+    text_chunks.append(string_array(labeled.texts))
     example_text.append(np.arange(len(labeled.texts), dtype=np.int64))
     example_row.append(index.rows_of(labeled.docids))
     counts["labeled"] = len(labeled.texts)
     if data.d2q_path is not None:
-        from gr_jax.data.d2q import iter_passage_queries
-        start, rows = len(texts), []
-        for docid, queries in iter_passage_queries(data.d2q_path, docids_in_order=(d.decode() for d in corpus.docids),
-                                                   is_docid=corpus.__contains__):
-            queries = queries[:data.d2q_queries_per_passage] if data.d2q_queries_per_passage else queries
-            texts.extend(queries)
-            rows.extend([docid] * len(queries))
-        example_text.append(np.arange(start, len(texts), dtype=np.int64))
-        example_row.append(index.rows_of(rows))
-        counts["d2q"] = len(texts) - start
+        start = num_texts = len(labeled.texts)
+        passages = iter_passage_queries(data.d2q_path, docids_in_order=(d.decode() for d in corpus.docids),
+                                        is_docid=corpus.__contains__)
+        while chunk := list(itertools.islice(passages, _D2Q_PASSAGES_AT_ONCE)):
+            kept = [queries[:data.d2q_queries_per_passage] if data.d2q_queries_per_passage else queries
+                    for _, queries in chunk]
+            text_chunks.append(string_array([query for queries in kept for query in queries]))
+            example_row.append(np.repeat(index.rows_of([docid for docid, _ in chunk]), [len(q) for q in kept]))
+            num_texts += text_chunks[-1].size
+        example_text.append(np.arange(start, num_texts, dtype=np.int64))
+        counts["d2q"] = num_texts - start
     if data.indexing:
         example_text.append(np.full(len(corpus), _INDEXING, np.int64))
         example_row.append(in_index.astype(np.int64))
@@ -141,8 +147,8 @@ def training_examples(*, data: GdrData, index: ClusteredIndex) -> Examples:
         raise ValueError(f"{data.data_dir}: no training example (no labeled {data.train_split!r} query, no d2q file, "
                          "indexing off)")
     logger.info("GDR training examples: %s", counts)
-    return Examples(query_texts=tuple(texts), example_text=np.concatenate(example_text), example_row=example_row_all,
-                    collection_row=collection_row, counts=counts)
+    return Examples(query_texts=np.concatenate(text_chunks), example_text=np.concatenate(example_text),
+                    example_row=example_row_all, collection_row=collection_row, counts=counts)
 
 
 class GdrBatchSource:
@@ -188,7 +194,7 @@ class GdrBatchSource:
     def _texts(self, examples: np.ndarray) -> list[str]:
         text_ids = self.examples.example_text[examples]
         rows = self.examples.example_row[examples]
-        texts = [self.examples.query_texts[t] if t >= 0 else "" for t in text_ids.tolist()]
+        texts = [str(self.examples.query_texts[t]) if t >= 0 else "" for t in text_ids.tolist()]
         indexing = np.flatnonzero(text_ids == _INDEXING)
         if indexing.size:
             documents = self._lookup.texts(self.examples.collection_row[rows[indexing]].tolist())

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from gr_jax.docids.scheme import DocidScheme, register_scheme
-from gr_jax.docids.table import ExtendedDocidTable, DocidTable, check_appended_vocab_size
+from gr_jax.docids.table import DocidNames, DocidTable, ExtendedDocidTable, check_appended_vocab_size
 from gr_jax.vocabulary import EOS_ID
 
 
@@ -34,7 +34,7 @@ class AtomicScheme(DocidScheme):
 
 def atomic_docid_table(*, docids: Iterable[str], vocab_size: int) -> ExtendedDocidTable:
     """Document i (in `docids` order) is the single new token `vocab_size + i`, then EOS; num_extra_tokens = N."""
-    docids = tuple(docids)
+    docids = DocidNames(docids)  # a string array, read a chunk at a time
     check_appended_vocab_size(vocab_size, len(docids))
     tokens = np.empty((len(docids), 2), np.int32)
     tokens[:, 0] = vocab_size + np.arange(len(docids), dtype=np.int64)

@@ -11,7 +11,7 @@ from typing import cast
 import numpy as np
 
 from gr_jax.docids.scheme import DocidScheme, register_scheme
-from gr_jax.docids.table import DocidTable, scatter_rows
+from gr_jax.docids.table import DocidNames, DocidTable, scatter_rows
 from gr_jax.vocabulary import EOS_ID, PAD_ID
 
 # Docids are encoded this many at a time (bounds the Python lists alive at once for 8.8M ids).
@@ -53,14 +53,16 @@ def naive_docid_table(
     encode: str -> token ids, e.g. `seqio.SentencePieceVocabulary.encode`; with `batched=True`,
       list[str] -> list of token-id sequences, e.g. `sentencepiece.SentencePieceProcessor.encode`,
       which tokenises a whole chunk in C++ (one Python call per id costs ~3 us: ~30 s for 8.8M ids).
-    Ids are encoded in chunks into flat arrays and scattered into one preallocated matrix, so memory
-    stays close to the final int32[N, L] table. An id that encodes to nothing, or to PAD/EOS, is an error.
+    Ids are read and encoded in chunks into flat arrays (the ids themselves into string arrays) and scattered into
+    one preallocated matrix, so memory stays close to the final table: no Python object per docid outlives its
+    chunk. An id that encodes to nothing, or to PAD/EOS, is an error.
     """
-    docids = tuple(docids)
+    name_chunks: list[np.ndarray] = []
     flat_chunks: list[np.ndarray] = []
     length_chunks: list[np.ndarray] = []
-    for start in range(0, len(docids), _ENCODE_CHUNK):
-        chunk = docids[start:start + _ENCODE_CHUNK]
+    remaining = iter(docids)
+    while chunk := list(itertools.islice(remaining, _ENCODE_CHUNK)):
+        name_chunks.append(DocidNames(chunk).array)  # checks they are str
         # `batched` says which of the two `encode` is (a callable's parameter types are not checkable at run time).
         encoded = (cast(EncodeBatch, encode)(list(chunk)) if batched
                    else [cast(EncodeOne, encode)(d) for d in chunk])
@@ -82,5 +84,5 @@ def naive_docid_table(
     flat = np.concatenate(flat_chunks) if flat_chunks else np.zeros(0, np.int32)
     del flat_chunks
     tokens = scatter_rows(flat, lengths, width=int(lengths.max(initial=0)) + 1)
-    tokens[np.arange(len(docids)), lengths] = EOS_ID
-    return DocidTable(docids=docids, tokens=tokens)
+    tokens[np.arange(lengths.size), lengths] = EOS_ID
+    return DocidTable(docids=np.concatenate(name_chunks) if name_chunks else DocidNames(()), tokens=tokens)
