@@ -137,9 +137,12 @@ def synthetic_queries_source(
                 options.d2q_queries_per_passage, options.d2q_selection)
 
     def chunks() -> Iterator[dict[str, object]]:
-        known = frozenset(table.docids)  # Only for the pid layout's checks; freed after the pass.
+        # The per-passage layout asks about one docid (its first line's); the pid layout asks about every line, so it
+        # gets a set of the docids (Python objects: a few hundred MB at 8.8M), freed after the pass.
+        per_passage = d2q.detect_layout(path, is_docid=table.__contains__) == d2q.PER_PASSAGE
+        is_docid = table.__contains__ if per_passage else frozenset(table.docids).__contains__
         passages = d2q.iter_passage_queries(path, docids_in_order=(docid for docid, _ in dataset.collection()),
-                                            is_docid=known.__contains__)
+                                            is_docid=is_docid)
         docids: list[str] = []
         queries: list[str] = []
         lengths: list[int] = []

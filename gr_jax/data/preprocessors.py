@@ -58,7 +58,7 @@ def _docid_lookup(docid_table: DocidTable) -> tuple[tf.lookup.StaticHashTable, t
     if docid_table not in _LOOKUPS:
         row_of_docid = tf.lookup.StaticHashTable(
             tf.lookup.KeyValueTensorInitializer(
-                keys=tf.constant(list(docid_table.docids), dtype=tf.string),
+                keys=tf.constant(docid_table.utf8_docids(), dtype=tf.string),
                 values=tf.range(len(docid_table.docids), dtype=tf.int64)),
             default_value=-1)
         _LOOKUPS[docid_table] = (row_of_docid, tf.constant(np.asarray(docid_table.tokens, dtype=np.int32)),

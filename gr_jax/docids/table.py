@@ -222,6 +222,11 @@ class DocidTable:
                              f"{reason}; {count} malformed row(s) in all")
         self._check_no_collisions()
 
+    def utf8_docids(self) -> np.ndarray:
+        """S[N]: the docids as fixed-width UTF-8 bytes (`lookup_keys`), e.g. for a TensorFlow string tensor, which
+        takes them without a Python str per docid."""
+        return lookup_keys(self._names)
+
     @property
     def _names(self) -> np.ndarray:
         """The docids' string array."""
