@@ -55,9 +55,10 @@ def documents_source(
     Returns the source and its example count per split (the docid table's size, declared to seqio).
     """
     del options  # Documents are documents; the representations differ in their preprocessors.
-    def chunks() -> Iterator[dict[str, list[str]]]:
+    def chunks(shard_index: int, num_shards: int) -> Iterator[dict[str, list[str]]]:
         docids, texts = [], []
-        for docid, text in dataset.collection():
+        rows = None if num_shards == 1 else shard_rows(len(table), shard_index=shard_index, num_shards=num_shards)
+        for docid, text in dataset.collection(rows=rows):
             docids.append(docid)
             texts.append(text)
             if len(docids) == _CHUNK:
@@ -136,13 +137,20 @@ def synthetic_queries_source(
     logger.info("D2Q: synthetic queries from %s (%s of them per passage, selection %r)", path,
                 options.d2q_queries_per_passage, options.d2q_selection)
 
-    def chunks() -> Iterator[dict[str, object]]:
-        # The per-passage layout asks about one docid (its first line's); the pid layout asks about every line, so it
-        # gets a set of the docids (Python objects: a few hundred MB at 8.8M), freed after the pass.
-        per_passage = d2q.detect_layout(path, is_docid=table.__contains__) == d2q.PER_PASSAGE
-        is_docid = table.__contains__ if per_passage else frozenset(table.docids).__contains__
-        passages = d2q.iter_passage_queries(path, docids_in_order=(docid for docid, _ in dataset.collection()),
-                                            is_docid=is_docid)
+    def chunks(shard_index: int, num_shards: int) -> Iterator[dict[str, object]]:
+        rows = shard_rows(len(table), shard_index=shard_index, num_shards=num_shards)
+        # The per-passage layout asks about one docid (its first line's) and reads only the shard's lines, beside the
+        # shard's documents (for their docids). The pid layout asks about every line and is read whole, keeping the
+        # shard's passages: it gets a set of the docids (Python objects: a few hundred MB at 8.8M) for the pass.
+        if d2q.detect_layout(path, is_docid=table.__contains__) == d2q.PER_PASSAGE:
+            whole = num_shards == 1
+            passages = d2q.iter_passage_queries(
+                path, docids_in_order=(docid for docid, _ in dataset.collection(rows=None if whole else rows)),
+                is_docid=table.__contains__, passages=None if whole else rows)
+        else:
+            passages = (passage for passage in d2q.iter_passage_queries(
+                path, docids_in_order=(), is_docid=frozenset(table.docids).__contains__)
+                if num_shards == 1 or rows[0] <= table.rows_of([passage[0]])[0] < rows[1])
         docids: list[str] = []
         queries: list[str] = []
         lengths: list[int] = []
@@ -162,15 +170,42 @@ def synthetic_queries_source(
                                   num_examples=len(table))
 
 
-def _streamed_train_source(chunks: Callable[[], Iterator[dict]], *, signature: dict[str, tf.TensorSpec],
+def shard_rows(num_rows: int, *, shard_index: int, num_shards: int) -> tuple[int, int]:
+    """[start, stop): shard `shard_index` of `num_shards` of `num_rows` rows in file order, contiguous and balanced,
+    so a shard's documents are a range of the collection's lines, read without the others."""
+    if not 0 <= shard_index < num_shards:
+        raise ValueError(f"shard_index={shard_index} must be in [0, num_shards={num_shards})")
+    return num_rows * shard_index // num_shards, num_rows * (shard_index + 1) // num_shards
+
+
+class ShardedFunctionSource(seqio.FunctionDataSource):
+    """A `seqio.FunctionDataSource` that reads only its shard: seqio hands it the shard (`supports_arbitrary_sharding`)
+    and `dataset_fn(split, shuffle_files, seed, shard_index, num_shards)` reads just those examples, where a plain
+    FunctionDataSource reads every example on every host (or preprocessing process) and keeps every n-th."""
+
+    @property
+    def supports_arbitrary_sharding(self) -> bool:
+        return True
+
+    def get_dataset(self, split: str = TRAIN, shuffle: bool = True, seed: int | None = None,
+                    shard_info: seqio.ShardInfo | None = None, **unused: object) -> tf.data.Dataset:
+        del unused  # sequence_length, use_cached, num_epochs: seqio's, unused by a function source
+        index, count = (shard_info.index, shard_info.num_shards) if shard_info else (0, 1)
+        return self._dataset_fn(split=split, shuffle_files=shuffle, seed=seed, shard_index=index, num_shards=count)
+
+
+def _streamed_train_source(chunks: Callable[[int, int], Iterator[dict]], *, signature: dict[str, tf.TensorSpec],
                            num_examples: int) -> tuple[seqio.FunctionDataSource, dict[str, int]]:
-    """A 'train'-only source streaming `chunks()` (dicts of equal-length lists, one example per position)."""
-    def dataset_fn(split: str, shuffle_files: bool, seed: int | None = None) -> tf.data.Dataset:
+    """A 'train'-only source streaming `chunks(shard_index, num_shards)` (dicts of equal-length lists, one example
+    per position): each shard reads its rows only."""
+    def dataset_fn(split: str, shuffle_files: bool, seed: int | None = None, shard_index: int = 0,
+                   num_shards: int = 1) -> tf.data.Dataset:
         del split, shuffle_files, seed  # One split, one file read in order; the Task shuffles examples.
-        return tf.data.Dataset.from_generator(chunks, output_signature=signature).unbatch()
+        return tf.data.Dataset.from_generator(lambda: chunks(shard_index, num_shards),
+                                              output_signature=signature).unbatch()
 
     counts = {TRAIN: num_examples}
-    return seqio.FunctionDataSource(dataset_fn, splits=(TRAIN,), num_input_examples=counts), counts
+    return ShardedFunctionSource(dataset_fn, splits=(TRAIN,), num_input_examples=counts), counts
 
 
 def _ragged_chunk(docids: list[str], queries: list[str], lengths: list[int]) -> dict[str, object]:

@@ -275,3 +275,28 @@ def test_document_lookup_reads_documents_by_position(tmp_path, layout):
     assert lookup.texts(rows) == [documents[r] for r in rows]
     with pytest.raises(IndexError, match="document 50 of a collection of 50 lines"):
         lookup.texts([50])
+
+
+def test_a_range_of_lines_is_read_as_plain_enumeration_reads_it(tmp_path, monkeypatch):
+    """Lines skipped by counting line ends in small blocks (so a block boundary falls inside lines) are the lines a
+    plain enumeration skips; the collection's rows [start, stop) are its documents start..stop-1."""
+    monkeypatch.setattr(readers, "_SCAN_BYTES", 7)
+    lines = [f"d{i}\t{'passage ' * (i % 5)}é {i}" for i in range(50)]
+    path = _write_bytes(tmp_path / "data" / "collection.tsv", ("\n".join(lines) + "\n").encode())
+    every = list(readers.read_lines(path))
+    for start, stop in [(1, None), (2, 5), (17, 18), (49, 51), (51, None), (60, None), (30, 30)]:
+        expected = [(n, line) for n, line in every if n >= start and (stop is None or n < stop)]
+        assert list(readers.read_lines(path, start_line=start, stop_line=stop)) == expected, (start, stop)
+    dataset = readers.open_dataset(tmp_path / "data")
+    assert list(dataset.collection(rows=(10, 13))) == [tuple(line.split("\t")) for line in lines[10:13]]
+    assert [docid for docid, _ in dataset.collection(rows=(45, 50))] == [f"d{i}" for i in range(45, 50)]
+
+
+def test_duplicate_ids_are_found_by_hash_and_confirmed_on_the_ids(tmp_path, monkeypatch):
+    """Every id hashing alike (a forced collision), distinct ids pass; a real duplicate is named at its line."""
+    monkeypatch.setattr(readers, "hash", lambda _: 7, raising=False)
+    path = _write_bytes(tmp_path / "collection.tsv", b"a\tone\nb\ttwo\nc\tthree\n")
+    assert [pid for pid, _ in readers.read_collection(path)] == ["a", "b", "c"]
+    path = _write_bytes(tmp_path / "collection.tsv", b"a\tone\nb\ttwo\nc\tthree\nb\tagain\na\tand again\n")
+    with pytest.raises(DataFormatError, match=rf"^{path}:4: duplicate pid 'b'"):
+        list(readers.read_collection(path))

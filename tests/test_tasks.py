@@ -16,7 +16,7 @@ import sentencepiece as spm
 from seqio.test_utils import assert_dataset
 
 from gr_jax import tasks
-from gr_jax.data import d2q, pipeline
+from gr_jax.data import d2q, pipeline, readers
 from gr_jax.data.readers import DataFormatError, RetrievalDataset, read_collection, read_queries
 from gr_jax.docids import DocidTable
 from gr_jax.vocabulary import EOS_ID, train_sentencepiece
@@ -273,9 +273,9 @@ def test_training_reads_the_collection_once_when_cached_in_memory(data_dir, regi
     reads = []
     original = RetrievalDataset.collection
 
-    def counted(self):
+    def counted(self, **kwargs):
         reads.append(1)
-        return original(self)
+        return original(self, **kwargs)
 
     monkeypatch.setattr(RetrievalDataset, "collection", counted)
     # seqio itself caches sources under 10,000 examples (ours has 10): turn that off to see our cache alone.
@@ -335,6 +335,41 @@ def test_d2q_examples_are_the_first_k_synthetic_queries_of_each_passage(data_dir
     assert len(expected) == 2 + 2 + 0 + 2 + 1 + 2 + 1 + 2 + 1 + 2
     task = seqio.get_mixture_or_task("toy.d2q.naive")
     assert_dataset(task.get_dataset({"inputs": 64, "targets": 16}, split="train", shuffle=False), expected)
+
+
+@pytest.mark.parametrize("task", ["firstp", "d2q"])
+def test_each_shard_reads_only_its_rows_and_the_shards_make_the_whole_in_order(data_dir, register, monkeypatch, task):
+    """3 shards (as 3 preprocessing processes or hosts): each reads only its contiguous third of the collection's
+    lines (and of the D2Q file's), none reads a line twice, and their examples, in shard order, are the unsharded
+    task's."""
+    register(name="sharded", data_dir=data_dir, cache_in_memory=False)
+    name, lengths = f"sharded.{task}.naive", {"inputs": 64, "targets": 16}
+    read = []
+    original = readers.read_lines
+
+    def counted(path, **kwargs):
+        for line_number, line in original(path, **kwargs):
+            read.append((pathlib.Path(path).name, line_number))
+            yield line_number, line
+
+    monkeypatch.setattr(readers, "read_lines", counted)
+    monkeypatch.setattr(d2q, "read_lines", counted)
+    whole = _examples(name, "train", lengths)
+    read.clear()
+    shards = []
+    for index in range(3):
+        dataset = seqio.get_mixture_or_task(name).get_dataset(
+            lengths, split="train", shuffle=False, shard_info=seqio.ShardInfo(index=index, num_shards=3))
+        shards.append(list(dataset.as_numpy_iterator()))
+        share = list(range(1 + 10 * index // 3, 1 + 10 * (index + 1) // 3))
+        assert sorted(n for file, n in read if file == "collection.tsv") == share, index
+        d2q_lines = [n for file, n in read if file == "d2q.tsv" and not (n == 1 and index)]  # 1: the layout's
+        assert sorted(d2q_lines) == (share if task == "d2q" else []) or index == 0 and sorted(d2q_lines) == [
+            1, 1, *share], index  # shard 0 reads line 1 for the layout and as its first passage
+        read.clear()
+    flat = [example for shard in shards for example in shard]
+    assert len(flat) == len(whole) and all(
+        all(np.array_equal(a[key], b[key]) for key in a) for a, b in zip(flat, whole))
 
 
 def test_d2q_default_keeps_ten_per_passage(data_dir, register):

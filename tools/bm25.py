@@ -30,15 +30,18 @@ DEFAULT_B = 0.68
 
 
 def _unique_ids(pairs: Iterable[tuple[str, str]], *, what: str) -> tuple[list[str], list[str]]:
+    """The ids and texts of `pairs`, checked distinct once all are read: a file reader's own check, which names the
+    line and runs when its pass ends (`gr_jax.data.readers.DistinctIds`), speaks first."""
     ids: list[str] = []
     texts: list[str] = []
-    seen: set[str] = set()
     for identifier, text in pairs:
+        ids.append(identifier)
+        texts.append(text)
+    seen: set[str] = set()
+    for identifier in ids:
         if identifier in seen:
             raise ValueError(f"{what} id {identifier!r} occurs twice")
         seen.add(identifier)
-        ids.append(identifier)
-        texts.append(text)
     return ids, texts
 
 

@@ -56,11 +56,15 @@ def _pid_query_lines(path: PathLike, *, is_docid: Callable[[str], bool]) -> Iter
         yield line_number, pid, query
 
 
-def _per_passage_lines(path: PathLike, *, docids_in_order: Iterable[str]) -> Iterator[tuple[str, list[str]]]:
-    """(docid, queries) for each line of a per-passage file, paired with the collection's docids in order."""
+def _per_passage_lines(path: PathLike, *, docids_in_order: Iterable[str],
+                       passages: tuple[int, int] | None = None) -> Iterator[tuple[str, list[str]]]:
+    """(docid, queries) for each line of a per-passage file, paired with the collection's docids in order; with
+    `passages` (start, stop), only those passages' lines (0-based: the lines before them skipped unread, those after
+    them not read), paired with `docids_in_order` holding theirs."""
     docids = iter(docids_in_order)
-    line_number = 0
-    for line_number, line in read_lines(path):
+    first, stop = (0, None) if passages is None else passages
+    line_number = first
+    for line_number, line in read_lines(path, start_line=first + 1, stop_line=None if stop is None else stop + 1):
         docid = next(docids, None)
         if docid is None:
             raise DataFormatError.at(
@@ -86,11 +90,14 @@ def iter_passage_queries(
         *,
         docids_in_order: Iterable[str],
         is_docid: Callable[[str], bool],
+        passages: tuple[int, int] | None = None,
 ) -> Iterator[tuple[str, list[str]]]:
     """Streams `(docid, [query, ...])` per passage, in file order, one passage in memory at a time.
 
     docids_in_order: the collection's docids in order, consumed lazily and only by the per-passage layout
       (e.g. a generator over the collection file); every passage is yielded, an empty line as `[]`.
+    passages: per-passage layout only: just the lines of passages [start, stop) (0-based), the lines before them
+      skipped unread and those after them not read (a shard); docids_in_order then holds those passages' docids.
     is_docid: membership in the collection, for the `pid \\t query` layout; there a passage's lines must be
       consecutive (any pid order), and passages without lines are not yielded.
 
@@ -99,8 +106,11 @@ def iter_passage_queries(
     """
     layout = detect_layout(path, is_docid=is_docid)
     if layout == PER_PASSAGE:
-        yield from _per_passage_lines(path, docids_in_order=docids_in_order)
+        yield from _per_passage_lines(path, docids_in_order=docids_in_order, passages=passages)
         return
+    if passages is not None:
+        raise ValueError(f"{path}: a 'pid<TAB>query' file cannot be read by passage range (its lines are grouped "
+                         "by pid, in any order); read it whole")
     first_line: dict[str, int] = {}  # pid -> line of its first query: the only state kept (pids, not queries)
     current: str | None = None  # the pid whose queries are being collected
     queries: list[str] = []

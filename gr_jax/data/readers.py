@@ -28,8 +28,8 @@ import json
 import logging
 import os
 import pathlib
-from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
-from typing import Literal, Optional
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Literal, Optional
 
 import numpy as np
 
@@ -63,14 +63,21 @@ class DataFormatError(ValueError):
         return cls(f"{os.fspath(path)}:{line}: {message}")
 
 
-def read_lines(path: PathLike) -> Iterator[tuple[int, str]]:
-    """Yields (1-based line number, line without its `\\n` / `\\r\\n`).
+def read_lines(path: PathLike, *, start_line: int = 1,
+               stop_line: Optional[int] = None) -> Iterator[tuple[int, str]]:
+    """Yields (1-based line number, line without its `\\n` / `\\r\\n`), from `start_line` up to `stop_line`
+    (exclusive; None: the end).
 
     The file is read in binary and split on `\\n` only: a stray `\\r` inside a passage must not split it
-    into two records the way text-mode universal newlines would. Decoding errors name the line.
+    into two records the way text-mode universal newlines would. Decoding errors name the line. Lines before
+    `start_line` are skipped by counting line ends in blocks of bytes (`line_offset`), not decoded.
     """
     with open(path, "rb") as f:
-        for line_number, raw in enumerate(f, start=1):
+        if start_line > 1:
+            f.seek(line_offset(f, start_line))
+        for line_number, raw in enumerate(f, start=start_line):
+            if stop_line is not None and line_number >= stop_line:
+                return
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
@@ -80,6 +87,75 @@ def read_lines(path: PathLike) -> Iterator[tuple[int, str]]:
                 if line.endswith("\r"):
                     line = line[:-1]
             yield line_number, line
+
+
+_SCAN_BYTES = 16 << 20  # bytes scanned at a time for line ends
+
+
+def line_offset(f: Any, line: int) -> int:
+    """The byte offset where 1-based `line` starts in the binary file `f` (the file's size if it has fewer lines):
+    its line ends counted a block at a time (C-speed `bytes.count`/`find`, no decoding)."""
+    f.seek(0)
+    offset, to_skip = 0, line - 1
+    while to_skip:
+        block = f.read(_SCAN_BYTES)
+        if not block:
+            return offset
+        ends = block.count(b"\n")
+        if ends < to_skip:
+            offset, to_skip = offset + len(block), to_skip - ends
+            continue
+        position = -1
+        for _ in range(to_skip):
+            position = block.find(b"\n", position + 1)
+        return offset + position + 1
+    return offset
+
+
+class DistinctIds:
+    """Checks that the ids of a stream are distinct while holding 16 bytes per id (its 64-bit hash and line number
+    in numpy arrays), not a set of the ids: 8.8M MS MARCO pids take 141 MB, not ~0.8 GB of str objects. Equal hashes
+    are confirmed on the ids themselves, which `finish` re-reads; a duplicate is reported at the end of the pass,
+    naming the line of the first id seen twice."""
+
+    _CHUNK = 65_536
+
+    def __init__(self, *, path: PathLike, id_name: str):
+        self.path, self.id_name = path, id_name
+        self._hashes: list[np.ndarray] = []
+        self._lines: list[np.ndarray] = []
+        self._pending: list[tuple[int, int]] = []
+
+    def add(self, item_id: str, line_number: int) -> None:
+        self._pending.append((hash(item_id), line_number))
+        if len(self._pending) == self._CHUNK:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._pending:
+            pending = np.array(self._pending, np.int64)
+            self._hashes.append(pending[:, 0])
+            self._lines.append(pending[:, 1])
+            self._pending = []
+
+    def finish(self, id_at: Callable[[Sequence[int]], dict[int, str]]) -> None:
+        """Raises `DataFormatError` for the first id seen twice; `id_at(lines)` re-reads the ids of given lines."""
+        self._flush()
+        if not self._hashes:
+            return
+        hashes, lines = np.concatenate(self._hashes), np.concatenate(self._lines)
+        order = np.argsort(hashes, kind="stable")
+        same = np.flatnonzero(hashes[order][1:] == hashes[order][:-1])
+        if not same.size:
+            return
+        candidates = sorted({int(x) for x in lines[order[same]]} | {int(x) for x in lines[order[same + 1]]})
+        ids = id_at(candidates)
+        first_line: dict[str, int] = {}
+        for line_number in candidates:  # in file order: the first repeat is the one reported
+            item_id = ids[line_number]
+            if item_id in first_line:
+                raise DataFormatError.at(self.path, line_number, f"duplicate {self.id_name} {item_id!r}")
+            first_line[item_id] = line_number
 
 
 def _id_text_tsv_line(line: str, *, path: PathLike, line_number: int, id_name: str,
@@ -107,26 +183,34 @@ def check_id(item_id: str, *, path: PathLike, line_number: int, id_name: str) ->
                                  f"separate their columns by whitespace")
 
 
-def _read_id_text_tsv(path: PathLike, *, id_name: str, text_name: str) -> Iterator[tuple[str, str]]:
-    """Shared body of `read_collection` / `read_queries`: exactly two tab-separated columns, unique ids."""
-    seen: set[str] = set()
-    for line_number, line in read_lines(path):
+def _read_id_text_tsv(path: PathLike, *, id_name: str, text_name: str, start_line: int = 1,
+                      stop_line: Optional[int] = None) -> Iterator[tuple[str, str]]:
+    """Shared body of `read_collection` / `read_queries`: exactly two tab-separated columns, ids distinct (among
+    the lines read)."""
+    distinct = DistinctIds(path=path, id_name=id_name)
+
+    def ids_at(lines: Sequence[int]) -> dict[int, str]:
+        wanted = set(lines)
+        return {n: line.split("\t", 1)[0] for n, line in read_lines(path, start_line=min(wanted), stop_line=max(
+            wanted) + 1) if n in wanted}
+
+    for line_number, line in read_lines(path, start_line=start_line, stop_line=stop_line):
         item_id, text = _id_text_tsv_line(line, path=path, line_number=line_number, id_name=id_name,
                                           text_name=text_name)
-        if item_id in seen:
-            raise DataFormatError.at(path, line_number, f"duplicate {id_name} {item_id!r}")
-        seen.add(item_id)
+        distinct.add(item_id, line_number)
         yield item_id, text
+    distinct.finish(ids_at)
 
 
-def read_collection(path: PathLike) -> Iterator[tuple[str, str]]:
-    """Streams `(pid, passage)` from an MS MARCO `collection.tsv` (`pid \\t passage`).
+def read_collection(path: PathLike, *, start_line: int = 1,
+                    stop_line: Optional[int] = None) -> Iterator[tuple[str, str]]:
+    """Streams `(pid, passage)` from an MS MARCO `collection.tsv` (`pid \\t passage`), from `start_line` up to
+    `stop_line` (exclusive; default: every line).
 
-    Duplicate pids are detected with a set of the ids seen so far: the only state kept while streaming.
-    For MS MARCO's 8.8M short pids that set takes ~0.8 GB (56-byte str objects plus the hash table),
-    which fits any host that trains on the collection; the passages themselves are never kept.
+    Duplicate pids are detected with `DistinctIds` (16 bytes a pid; reported when the pass ends): the only state kept
+    while streaming; the passages themselves are never kept.
     """
-    return _read_id_text_tsv(path, id_name="pid", text_name="passage")
+    return _read_id_text_tsv(path, id_name="pid", text_name="passage", start_line=start_line, stop_line=stop_line)
 
 
 def read_queries(path: PathLike) -> Iterator[tuple[str, str]]:
@@ -176,8 +260,9 @@ def _jsonl_record(line: str, *, path: PathLike, line_number: int) -> dict:
     return record
 
 
-def _read_jsonl(path: PathLike) -> Iterator[tuple[int, dict]]:
-    for line_number, line in read_lines(path):
+def _read_jsonl(path: PathLike, *, start_line: int = 1, stop_line: Optional[int] = None
+                ) -> Iterator[tuple[int, dict]]:
+    for line_number, line in read_lines(path, start_line=start_line, stop_line=stop_line):
         yield line_number, _jsonl_record(line, path=path, line_number=line_number)
 
 
@@ -205,19 +290,27 @@ def _beir_id_text(record: dict, *, path: PathLike, line_number: int, with_title:
     return item_id, text
 
 
-def _read_beir_id_text(path: PathLike, *, with_title: bool) -> Iterator[tuple[str, str]]:
-    seen: set[str] = set()
-    for line_number, record in _read_jsonl(path):
+def _read_beir_id_text(path: PathLike, *, with_title: bool, start_line: int = 1,
+                       stop_line: Optional[int] = None) -> Iterator[tuple[str, str]]:
+    distinct = DistinctIds(path=path, id_name="'_id'")
+
+    def ids_at(lines: Sequence[int]) -> dict[int, str]:
+        wanted = set(lines)
+        return {n: _beir_id_text(record, path=path, line_number=n, with_title=False)[0] for n, record in
+                _read_jsonl(path, start_line=min(wanted), stop_line=max(wanted) + 1) if n in wanted}
+
+    for line_number, record in _read_jsonl(path, start_line=start_line, stop_line=stop_line):
         item_id, text = _beir_id_text(record, path=path, line_number=line_number, with_title=with_title)
-        if item_id in seen:
-            raise DataFormatError.at(path, line_number, f"duplicate '_id' {item_id!r}")
-        seen.add(item_id)
+        distinct.add(item_id, line_number)
         yield item_id, text
+    distinct.finish(ids_at)
 
 
-def read_beir_corpus(path: PathLike) -> Iterator[tuple[str, str]]:
-    """Streams `(docid, text)` from a BEIR `corpus.jsonl`; text is `title + " " + text` when the title is non-empty."""
-    return _read_beir_id_text(path, with_title=True)
+def read_beir_corpus(path: PathLike, *, start_line: int = 1,
+                     stop_line: Optional[int] = None) -> Iterator[tuple[str, str]]:
+    """Streams `(docid, text)` from a BEIR `corpus.jsonl`; text is `title + " " + text` when the title is non-empty.
+    `start_line`, `stop_line`: as `read_collection`'s."""
+    return _read_beir_id_text(path, with_title=True, start_line=start_line, stop_line=stop_line)
 
 
 def read_beir_queries(path: PathLike) -> Iterator[tuple[str, str]]:
@@ -317,10 +410,12 @@ class RetrievalDataset:
                         f"{self._qrels_path('dev').relative_to(self.data_dir)}) or set {setting}={TRAIN_SPLIT}")
         raise FileNotFoundError(message)
 
-    def collection(self) -> Iterator[tuple[str, str]]:
-        """Streams `(docid, text)` for every document."""
+    def collection(self, *, rows: Optional[tuple[int, int]] = None) -> Iterator[tuple[str, str]]:
+        """Streams `(docid, text)` for every document, or for the documents of rows [start, stop) (0-based, in file
+        order): the lines before them are skipped unread (`read_lines`), those after them not read at all."""
         path = self._require(self.collection_path, "document collection")
-        return read_collection(path) if self.layout == "msmarco" else read_beir_corpus(path)
+        lines = {} if rows is None else {"start_line": rows[0] + 1, "stop_line": rows[1] + 1}
+        return read_collection(path, **lines) if self.layout == "msmarco" else read_beir_corpus(path, **lines)
 
     def document(self, line_number: int, *, line: str) -> tuple[str, str]:
         """`(docid, text)` of one line of the collection (1-based `line_number`, for messages)."""
