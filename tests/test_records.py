@@ -163,11 +163,11 @@ def test_a_directory_of_other_settings_or_vocabulary_is_refused(spm_data_dir, pr
     out, _ = preprocessed
     source = DatasetConfig(name="records2a", data_dir=str(spm_data_dir), **LENGTHS)
     docids = source.docid_space()
-    records.PreprocessedData(source=source, directory=str(out)).register(docids)  # the same: accepted
+    records.PreprocessedData(source=source, directory=str(out)).check(docids)  # the same: accepted
     records.PreprocessedData(source=dataclasses.replace(source, eval_split="train", cache_in_memory=False),
-                             directory=str(out)).register(docids)  # no training example changes
+                             directory=str(out)).check(docids)  # no training example changes
     with pytest.raises(ValueError, match=r"other data settings.*'row': \('firstp_labeled', 'firstp'\)"):
-        records.PreprocessedData(source=dataclasses.replace(source, row="firstp"), directory=str(out)).register(docids)
+        records.PreprocessedData(source=dataclasses.replace(source, row="firstp"), directory=str(out)).check(docids)
     copy = tmp_path / "copy"
     copy.mkdir()
     for path in out.iterdir():
@@ -177,9 +177,18 @@ def test_a_directory_of_other_settings_or_vocabulary_is_refused(spm_data_dir, pr
     saved["description"]["input_fingerprint"]["vocabulary"] = "0" * 64
     manifest.write_text(json.dumps(saved))
     with pytest.raises(ValueError, match="another vocabulary or docid table"):
-        records.PreprocessedData(source=source, directory=str(copy)).register(docids)
+        records.PreprocessedData(source=source, directory=str(copy)).check(docids)
     with pytest.raises(FileNotFoundError, match="no preprocessed examples"):
-        records.PreprocessedData(source=source, directory=str(tmp_path / "none")).register(docids)
+        records.PreprocessedData(source=source, directory=str(tmp_path / "none")).check(docids)
+    # Evaluation and search register the run's data and need none of it; training checks before it reads.
+    missing = records.PreprocessedData(source=source, directory=str(tmp_path / "none"))
+    assert missing.register(docids) == [] and missing.mixture_name == source.mixture_name
+    with pytest.raises(FileNotFoundError, match="no preprocessed examples"):
+        missing.train_batches(docid_space=docids, batch_size=4, seed=0, start_batch=0, shard_index=0, num_shards=1)
+    with pytest.raises(ValueError, match="another vocabulary or docid table"):
+        wrong = records.PreprocessedData(source=source, directory=str(copy))
+        wrong.register(docids)
+        wrong.train_batches(docid_space=docids, batch_size=4, seed=0, start_batch=0, shard_index=0, num_shards=1)
 
 
 def test_a_record_that_is_not_an_example_is_an_error():

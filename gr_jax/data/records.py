@@ -322,10 +322,18 @@ class PreprocessedData:
 
     @property
     def mixture_name(self) -> str:
-        return self.manifest.description["mixture"]
+        return self.source.mixture_name  # the mixture the files were made from, once `check` has passed
 
     def register(self, docid_space: Any, *, input_vocabulary_dir: Optional[str] = None) -> list[str]:
-        """Registers nothing; checks that the directory holds this source's examples over these token ids."""
+        """Registers nothing and reads nothing: evaluation and search use only the source's files (a model dir copied
+        without its training examples still evaluates). What the directory must match is remembered for `check`,
+        which training runs before it reads."""
+        object.__setattr__(self, "_input_vocabulary_dir", input_vocabulary_dir)
+        return []
+
+    def check(self, docid_space: Any, *, input_vocabulary_dir: Optional[str] = None) -> None:
+        """Raises unless the directory holds this source's examples over these token ids (its manifest's settings and
+        input fingerprint), naming the directory."""
         manifest = self.manifest
         where = f"{manifest.directory} (manifest.*.json)"
         saved = {key: value for key, value in manifest.description.items()
@@ -340,11 +348,10 @@ class PreprocessedData:
         if manifest.description["input_fingerprint"] != fingerprint:
             raise ValueError(f"{where}: preprocessed with another vocabulary or docid table than this run reads "
                              "(the data dir was rebuilt since): preprocess again")
-        return []
 
     def train_batches(self, *, docid_space: Any, batch_size: int, seed: int, start_batch: int, shard_index: int,
                       num_shards: int) -> Iterator[dict[str, np.ndarray]]:
-        del docid_space  # checked by `register`
+        self.check(docid_space, input_vocabulary_dir=getattr(self, "_input_vocabulary_dir", None))
         return RecordBatches(manifest=self.manifest, batch_size=batch_size, seed=seed,
                              input_length=self.input_length, target_length=self.target_length).batches(
             start_batch=start_batch, shard_index=shard_index, num_shards=num_shards)
