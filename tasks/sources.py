@@ -27,7 +27,7 @@ import tensorflow as tf
 
 from gr_jax.data import d2q
 from gr_jax.data.pairs import LabeledQueries, known_qrels_docids, labeled_queries
-from gr_jax.data.readers import RetrievalDataset
+from gr_jax.data.readers import RetrievalDataset, shard_rows
 from gr_jax.docids import DocidTable
 from gr_jax.tasks.options import RepresentationOptions
 
@@ -168,14 +168,6 @@ def synthetic_queries_source(
 
     return _streamed_train_source(chunks, signature={"docid": _STRINGS, "queries": _RAGGED_STRINGS},
                                   num_examples=len(table))
-
-
-def shard_rows(num_rows: int, *, shard_index: int, num_shards: int) -> tuple[int, int]:
-    """[start, stop): shard `shard_index` of `num_shards` of `num_rows` rows in file order, contiguous and balanced,
-    so a shard's documents are a range of the collection's lines, read without the others."""
-    if not 0 <= shard_index < num_shards:
-        raise ValueError(f"shard_index={shard_index} must be in [0, num_shards={num_shards})")
-    return num_rows * shard_index // num_shards, num_rows * (shard_index + 1) // num_shards
 
 
 class ShardedFunctionSource(seqio.FunctionDataSource):

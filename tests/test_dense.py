@@ -6,6 +6,8 @@ import functools
 import io
 import json
 import shutil
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -584,3 +586,16 @@ def test_t5_tower_loads_only_the_encoder_of_a_hugging_face_checkpoint(tmp_path):
     assert flat and all(not path.startswith("decoder") and "logits" not in path for path in flat)
     for path, value in flat.items():
         np.testing.assert_array_equal(value, full[path])
+
+
+def test_the_encoder_fingerprint_is_the_same_in_every_process():
+    """A corpus index names its encoder by a hash of the config: the same in another process (the pooling function is
+    named, not printed with its address), or every later process would find a saved index stale."""
+    script = ("import hashlib; from gr_jax.dense.experiment import stable_repr; from gr_jax.dense.model import "
+              "DualEncoderConfig; from gr_jax.dense.towers import T5EncoderTower; from gr_jax.network import T5Config; "
+              "text = stable_repr(DualEncoderConfig(tower=T5EncoderTower(config=T5Config()))); "
+              "assert ' at 0x' not in text and 'mean_pool' in text, text; "
+              "print(hashlib.sha1(text.encode()).hexdigest())")
+    hashes = {subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+              for _ in range(2)}
+    assert len(hashes) == 1

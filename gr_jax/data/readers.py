@@ -89,6 +89,15 @@ def read_lines(path: PathLike, *, start_line: int = 1,
             yield line_number, line
 
 
+def shard_rows(num_rows: int, *, shard_index: int, num_shards: int) -> tuple[int, int]:
+    """[start, stop): shard `shard_index` of `num_shards` of `num_rows` rows in file order, contiguous and balanced
+    (sizes differ by at most one), so a process's share of a collection is a range of its lines, read without the
+    others (`RetrievalDataset.collection(rows=...)`)."""
+    if not 0 <= shard_index < num_shards:
+        raise ValueError(f"shard_index={shard_index} must be in [0, num_shards={num_shards})")
+    return num_rows * shard_index // num_shards, num_rows * (shard_index + 1) // num_shards
+
+
 _SCAN_BYTES = 16 << 20  # bytes scanned at a time for line ends
 
 

@@ -38,6 +38,9 @@ from gr_jax.dense.towers import Tokenizer
 logger = logging.getLogger(__name__)
 
 
+_DOCIDS_AT_ONCE = 65_536  # docids held as Python objects at a time while the collection is read
+
+
 class CorpusDocuments:
     """A collection's docids in collection order (a compact bytes array) and its texts by row, without holding the
     texts: the docids are read once, texts are read by line offset (`DocumentLookup`) when a batch needs them.
@@ -47,14 +50,18 @@ class CorpusDocuments:
 
     def __init__(self, dataset: RetrievalDataset):
         self.dataset = dataset
-        docids = []
+        chunks, docids = [], []  # a chunk of docids at a time as Python bytes, then a bytes array
         for row, (docid, text) in enumerate(dataset.collection()):
             if not text.strip():
                 raise DataFormatError.at(dataset.collection_path, row + 1, f"document {docid!r} is empty")
             docids.append(docid.encode("utf-8"))
-        if not docids:
+            if len(docids) == _DOCIDS_AT_ONCE:
+                chunks.append(np.asarray(docids, dtype=bytes))
+                docids = []
+        chunks.append(np.asarray(docids, dtype=bytes))
+        if not sum(len(chunk) for chunk in chunks):
             raise DataFormatError(f"{dataset.collection_path}: the collection is empty")
-        self.docids = np.asarray(docids, dtype=bytes)  # S<longest id>: 8.8M MS MARCO pids take 62 MB
+        self.docids = np.concatenate(chunks)  # S<longest id>: 8.8M MS MARCO pids take 62 MB
         self._order = np.argsort(self.docids, kind="stable")
         self._sorted = self.docids[self._order]
         self._lookup = DocumentLookup(dataset)

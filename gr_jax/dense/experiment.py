@@ -29,6 +29,20 @@ from gr_jax.run_dir import RunDir
 from gr_jax.trainer import TrainState
 
 
+def stable_repr(value: Any) -> str:
+    """`repr` of a config that is the same in every process: dataclasses field by field, and functions (a pooling,
+    an activation) by module and name, where `repr` would print their address (different in each process, which
+    made a saved corpus index look stale to the next one)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = ", ".join(f"{field.name}={stable_repr(getattr(value, field.name))}"
+                           for field in dataclasses.fields(value))
+        return f"{type(value).__qualname__}({fields})"
+    if isinstance(value, (list, tuple)):
+        return type(value).__name__ + "(" + ", ".join(stable_repr(item) for item in value) + ")"
+    if callable(value) and hasattr(value, "__qualname__"):
+        return f"{getattr(value, '__module__', None)}.{value.__qualname__}"
+    return repr(value)
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DenseExperiment(ModelFamily):
     """A dual-encoder run: `model` trained on `dataset`'s training pairs with `loss` (the training setup:
@@ -81,7 +95,7 @@ class DenseBuilt(SampledBatchesRun):
     def fingerprint(self, step: Optional[int]) -> dict:
         """What identifies this encoder in a corpus index's manifest."""
         return {"model_dir": str(pathlib.Path(self.experiment.model_dir).resolve()), "step": step,
-                "config_sha1": hashlib.sha1(repr(self.model.config).encode()).hexdigest()}
+                "config_sha1": hashlib.sha1(stable_repr(self.model.config).encode()).hexdigest()}
 
     def retriever(self, params: Any = None, *, settings: RetrievalSettings, show_progress: bool = False,
                   step: Optional[int] = None) -> DenseRetriever:

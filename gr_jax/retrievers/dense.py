@@ -8,15 +8,24 @@ collection (streamed, progress bar, documents/s) and, with `index_dir`, writes i
 yet: a training run's periodic evaluation re-encodes the corpus with each state; its final evaluation keeps the
 index in the run dir (`kept_in`), where `gr_jax.eval` of the same checkpoint finds it.
 
+In a job of several processes with an `index_dir` (on a file system they all reach, as the checkpoints are), each
+process encodes only its rows of the collection (`gr_jax.data.readers.shard_rows`: it skips the lines before them
+and stops after them) on its own devices, into its own shard file; process 0 writes the manifest once every shard
+is there, and every process reads the whole index from the shards. Without an `index_dir` (training's periodic
+evaluations), the processes encode the whole collection together, each its rows of every global batch.
+
 Each ranking also reports the probability of its rank-1 document (for the Brier score, `gr_vs_dense_limitations.txt`
 Sec. 4.1), in two forms: `full_softmax`, P~(d | q) = exp(S(q, d) / tau) / Z(q) over the whole corpus (Eq. 8's Z),
 and `top_k_softmax`, the softmax of S / tau over the k documents returned.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
+import json
 import logging
+import math
 import os
 import pathlib
 import time
@@ -27,10 +36,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import tqdm
-from jax.sharding import Mesh
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding
 
 from gr_jax import partitioning
-from gr_jax.data.readers import DataFormatError
+from gr_jax.data.readers import DataFormatError, shard_rows
 from gr_jax.dense import index as index_lib
 from gr_jax.dense.data import CorpusDocuments
 from gr_jax.dense.model import DOCUMENT, QUERY, DualEncoderModel
@@ -65,6 +75,17 @@ def params_checksum(params: Any, *, shardings: Any, mesh: Mesh) -> str:
         digest.update(f"{jax.tree_util.keystr(path)} {leaf.shape} {leaf.dtype} ".encode())
         digest.update(np.asarray(value, np.uint32).tobytes())
     return digest.hexdigest()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Placement:
+    """Where texts are encoded: a mesh, the parameters' shardings on it, the parameters (placed by `encode`), the
+    batch size (a multiple of the mesh's 'data' axis) and the encoders compiled for it, by (side, batch shape)."""
+    mesh: Mesh
+    param_shardings: Any
+    params: Any
+    batch_size: int
+    encoders: dict[tuple, Callable]
 
 
 def length_buckets(longest: int, *, smallest: int = 16) -> tuple[int, ...]:
@@ -151,22 +172,47 @@ class DenseRetriever:
 
     # --- Encoding ---
 
-    def _encoder(self, side: str, params: Any, ids: np.ndarray, mask: np.ndarray) -> Callable:
-        """The compiled encoder of `side` for batches shaped as `ids` (compiled ahead of time on first use; the
-        seconds it took are added to `compile_seconds`)."""
+    def _encoder(self, side: str, placement: _Placement, params: Any, ids: jax.Array, mask: jax.Array) -> Callable:
+        """The compiled encoder of `side` on `placement`'s mesh for batches shaped as `ids` (compiled ahead of time on
+        first use; the seconds it took are added to `compile_seconds`)."""
         key = (side, ids.shape)
-        if key not in self._encoders:
+        if key not in placement.encoders:
             start = time.perf_counter()
-            sharding = partitioning.batch_sharding(self.mesh)
-            self._encoders[key] = jax.jit(functools.partial(self.model.encode, side=side),
-                                          in_shardings=(self.param_shardings, sharding, sharding),
-                                          out_shardings=partitioning.host_readable_sharding(self.mesh),
-                                          ).lower(params, ids, mask).compile()
+            sharding = partitioning.batch_sharding(placement.mesh)
+            placement.encoders[key] = jax.jit(functools.partial(self.model.encode, side=side),
+                                              in_shardings=(placement.param_shardings, sharding, sharding),
+                                              out_shardings=partitioning.host_readable_sharding(placement.mesh),
+                                              ).lower(params, ids, mask).compile()
             self.compile_seconds += time.perf_counter() - start
-        return self._encoders[key]
+        return placement.encoders[key]
 
-    def encode(self, texts: Sequence[str], *, side: str) -> np.ndarray:
-        """float32[len(texts), dim] (multi-vector: [len(texts), length, dim], length = the side's token length)."""
+    def _placement(self) -> _Placement:
+        """The job's mesh: every process encodes the same texts, each on its devices' rows of every batch."""
+        return _Placement(mesh=self.mesh, param_shardings=self.param_shardings, params=self.params,
+                          batch_size=self.batch_size, encoders=self._encoders)
+
+    def _process_placement(self) -> _Placement:
+        """This process's devices alone, for the texts only it encodes (its rows of the collection): a mesh of its
+        devices (the job's 'model' axis, or the largest part of it they hold) and a copy of the parameters, gathered
+        from every process (a collective: every process calls this at the same point). The tower must fit one
+        process's devices."""
+        devices = jax.local_devices()
+        model = math.gcd(self.mesh.shape[partitioning.MODEL_AXIS], len(devices))
+        mesh = partitioning.make_mesh(data=-1, model=model, devices=devices)
+
+        def local(sharding: Any) -> NamedSharding:
+            spec = sharding.spec if isinstance(sharding, NamedSharding) else jax.sharding.PartitionSpec()
+            return NamedSharding(mesh, spec)
+
+        shardings = jax.tree.map(local, self.param_shardings)
+        whole = multihost_utils.process_allgather(jax.device_put(self.params, self.param_shardings), tiled=True)
+        return _Placement(mesh=mesh, param_shardings=shardings, params=jax.device_put(whole, shardings),
+                          batch_size=partitioning.data_axis_multiple(self.batch_size, mesh), encoders={})
+
+    def encode(self, texts: Sequence[str], *, side: str, placement: Optional[_Placement] = None) -> np.ndarray:
+        """float32[len(texts), dim] (multi-vector: [len(texts), length, dim], length = the side's token length), on
+        `placement` (default: the job's mesh)."""
+        placement = placement or self._placement()
         length = self.input_length if side == QUERY else self.target_length
         tokens = self.tokenizer(list(texts), length=length)
         self.truncated[side] += tokens.truncated
@@ -175,17 +221,26 @@ class DenseRetriever:
         order = np.argsort(-lengths, kind="stable")
         shape = (len(texts), *((length,) if self.model.config.multi_vector else ()), self.dim)
         out = np.zeros(shape, np.float32)
-        params = jax.device_put(self.params, self.param_shardings)
-        with partitioning.partitioning_context(mesh=self.mesh, rules=self.rules):
-            for start in range(0, len(order), self.batch_size):
-                rows = order[start:start + self.batch_size]
+        params = jax.device_put(placement.params, placement.param_shardings)
+        batch_size = placement.batch_size
+        sharding = partitioning.batch_sharding(placement.mesh)
+
+        def placed(array: np.ndarray) -> jax.Array:
+            """The batch on the mesh (a jit takes no numpy batch split over devices in a job of several processes;
+            every process holds the whole batch, so each places its devices' rows of it)."""
+            return jax.make_array_from_callback(array.shape, sharding, lambda where: array[where])
+
+        with partitioning.partitioning_context(mesh=placement.mesh, rules=self.rules):
+            for start in range(0, len(order), batch_size):
+                rows = order[start:start + batch_size]
                 width = next(b for b in buckets if b >= max(int(lengths[rows].max()), 1))
-                ids = np.zeros((self.batch_size, width), np.int32)
-                mask = np.zeros((self.batch_size, width), bool)
+                ids = np.zeros((batch_size, width), np.int32)
+                mask = np.zeros((batch_size, width), bool)
                 ids[:len(rows)] = tokens.ids[rows, :width]
                 mask[:len(rows)] = tokens.mask[rows, :width]
-                encode = self._encoder(side, params, ids, mask)
-                vectors = np.asarray(jax.device_get(encode(params, ids, mask)))[:len(rows)]
+                ids_on_mesh, mask_on_mesh = placed(ids), placed(mask)
+                encode = self._encoder(side, placement, params, ids_on_mesh, mask_on_mesh)
+                vectors = np.asarray(jax.device_get(encode(params, ids_on_mesh, mask_on_mesh)))[:len(rows)]
                 if self.model.config.multi_vector:
                     out[rows, :width] = vectors
                 else:
@@ -226,46 +281,152 @@ class DenseRetriever:
         """The corpus index of these parameters, searched through `index_config`'s faiss index: the embeddings are
         loaded from `index_dir` when it holds this corpus encoded by this encoder, else encoded (and written
         there); a faiss index of that type is read from there or built (its recall against exact search measured on
-        `recall_queries`, query vectors)."""
+        `recall_queries`, query vectors). In a job of several processes every process calls this at the same point
+        (see the module docstring)."""
         if self._index is not None:
             return self._index
-        embedded = None
-        if self.index_dir is not None and (self.index_dir / index_lib.MANIFEST).is_file():
-            try:
-                embedded = index_lib.CorpusIndex.load(self.index_dir, expect=self._expect)
-                logger.info("corpus index of %d documents read from %s", len(embedded), self.index_dir)
-            except DataFormatError as e:
-                if not self.replace_stale:
-                    raise
-                logger.warning("%s; encoding the collection again into %s", str(e).partition(": delete")[0],
-                               self.index_dir)
-        if embedded is None:
-            embedded = self._encode_corpus()
-        self._index = embedded.with_faiss_index(self.index_config, recall_queries=recall_queries)
+        self._index = self.encoded().with_faiss_index(self.index_config, recall_queries=recall_queries,
+                                                      write=jax.process_index() == 0)
         return self._index
+
+    def encoded(self) -> index_lib.CorpusIndex:
+        """The corpus' embeddings without a faiss index: read from `index_dir` when it holds this corpus encoded
+        by this encoder, else encoded (and written there). In a job of several processes every process calls this
+        at the same point (see the module docstring)."""
+        processes = index_lib.JobProcesses.of_job()
+        embedded = None
+        if self.index_dir is not None:
+            self.params_checksum()  # a collective: in every process, before any reads or writes the directory
+            embedded = self._read_index()
+            if processes.count > 1:
+                embedded = self._agree_on_reading(processes, embedded)
+        if embedded is None:
+            embedded = (self._encode_shards(processes) if processes.count > 1 and self.index_dir is not None
+                        else self._encode_corpus())
+        return embedded
+
+    def _read_index(self) -> Optional[index_lib.CorpusIndex]:
+        """The index in `index_dir` when it is this corpus encoded by this encoder; None when there is none, or
+        (`replace_stale`) another one, which is encoded again."""
+        assert self.index_dir is not None
+        if not (self.index_dir / index_lib.MANIFEST).is_file():
+            return None
+        try:
+            embedded = index_lib.CorpusIndex.load(self.index_dir, expect=self._expect)
+        except DataFormatError as e:
+            if not self.replace_stale:
+                raise
+            logger.warning("%s; encoding the collection again into %s", str(e).partition(": delete")[0],
+                           self.index_dir)
+            return None
+        logger.info("corpus index of %d documents read from %s", len(embedded), self.index_dir)
+        return embedded
+
+    def _agree_on_reading(self, processes: index_lib.JobProcesses,
+                          embedded: Optional[index_lib.CorpusIndex]) -> Optional[index_lib.CorpusIndex]:
+        """Process 0's decision, once every process has read the index dir: its index (every process read the
+        same), or none, when process 0 has cleared the directory for the shards (so no process writes a shard
+        while another still reads the old files)."""
+        assert self.index_dir is not None
+        processes.barrier("read")
+        if processes.index == 0:
+            if embedded is None:
+                index_lib.clear_index_dir(self.index_dir)
+            processes.post("read", "1" if embedded is not None else "0")
+            return embedded
+        if processes.read("read", 0) == "0":
+            return None
+        if embedded is None:
+            raise DataFormatError(f"{self.index_dir / index_lib.MANIFEST}: process 0 read the corpus index there, "
+                                  f"process {processes.index} found none: is {self.index_dir} on a file system every "
+                                  "process shares?")
+        return embedded
+
+    def _corpus_shape(self) -> tuple[int, ...]:
+        return (self.target_length, self.dim) if self.model.config.multi_vector else (self.dim,)
 
     def _encode_corpus(self) -> index_lib.CorpusIndex:
         """The collection encoded (streamed, progress bar), written to `index_dir` when set."""
         dataset = self.corpus.dataset
-        shape = (self.target_length, self.dim) if self.model.config.multi_vector else (self.dim,)
         out_path = None
         if self.index_dir is not None:
             index_lib.clear_index_dir(self.index_dir)  # the manifest first: the directory is incomplete till saved
             out_path = self.index_dir / index_lib.EMBEDDINGS
         embeddings, seconds = index_lib.encode_corpus(
             texts=lambda: (text for _, text in dataset.collection()), num_documents=len(self.corpus),
-            encode=lambda texts: self.encode(texts, side=DOCUMENT), shape=shape, out_path=out_path,
+            encode=lambda texts: self.encode(texts, side=DOCUMENT), shape=self._corpus_shape(), out_path=out_path,
             show_progress=self.show_progress)
-        manifest = dict(self._manifest(), encoding={"seconds": round(seconds, 3),
-                                                    "documents_per_second": len(self.corpus) / max(seconds, 1e-9),
-                                                    "documents_truncated": self.truncated[DOCUMENT]})
-        if self.truncated[DOCUMENT]:
-            logger.warning("%d of the %d documents are longer than target_length=%d tokens and were cut to it",
-                           self.truncated[DOCUMENT], len(self.corpus), self.target_length)
+        shard = self._shard_record(index=0, count=1, rows=(0, len(self.corpus)), seconds=seconds,
+                                   encoded=len(embeddings), truncated=self.truncated[DOCUMENT])
+        manifest = dict(self._manifest(), encoding=self._encoding([shard]), shards=[shard])
+        self._log_truncated(self.truncated[DOCUMENT])
         logger.info("encoded %d documents in %.1f s (%.1f documents/s)", len(self.corpus), seconds,
                     len(self.corpus) / max(seconds, 1e-9))
         embedded = index_lib.CorpusIndex(docids=self.corpus.docids, embeddings=embeddings, manifest=manifest)
         return embedded.save(self.index_dir) if self.index_dir is not None else embedded
+
+    def _encode_shards(self, processes: index_lib.JobProcesses) -> index_lib.CorpusIndex:
+        """This process's rows of the collection encoded on its devices into its shard file of `index_dir` (which
+        process 0 has cleared); process 0 writes the docids and the manifest once every process has written its
+        shard; then every process reads the whole index from the shards."""
+        assert self.index_dir is not None
+        dataset = self.corpus.dataset
+        first, stop = shard_rows(len(self.corpus), shard_index=processes.index, num_shards=processes.count)
+        placement = self._process_placement()
+        truncated, encoded = self.truncated[DOCUMENT], [0]
+
+        def encode(texts: list[str]) -> np.ndarray:
+            encoded[0] += len(texts)  # the documents this process encoded, as the manifest reports them
+            return self.encode(texts, side=DOCUMENT, placement=placement)
+
+        _, seconds = index_lib.encode_corpus(
+            texts=lambda: (text for _, text in dataset.collection(rows=(first, stop))),
+            num_documents=stop - first, encode=encode, shape=self._corpus_shape(),
+            out_path=self.index_dir / index_lib.shard_file(processes.index, processes.count),
+            show_progress=self.show_progress)
+        shard = self._shard_record(index=processes.index, count=processes.count, rows=(first, stop), seconds=seconds,
+                                   encoded=encoded[0], truncated=self.truncated[DOCUMENT] - truncated)
+        logger.info("process %d of %d encoded rows [%d, %d) of %d documents in %.1f s (%.1f documents/s) into %s",
+                    processes.index, processes.count, first, stop, len(self.corpus), seconds,
+                    shard["documents_per_second"], self.index_dir / shard["file"])
+        processes.post("shard", json.dumps(shard))
+        processes.barrier("encoded")
+        if processes.index == 0:
+            shards = [json.loads(processes.read("shard", process)) for process in range(processes.count)]
+            index_lib.load_shards(self.index_dir, shards=shards, documents=len(self.corpus))  # every shard complete
+            self._log_truncated(sum(shard["documents_truncated"] for shard in shards))
+            manifest = dict(self._manifest(), encoding=self._encoding(shards), shards=shards)
+            index_lib.save_manifest(self.index_dir, docids=self.corpus.docids, manifest=manifest)
+        processes.barrier("saved")
+        if processes.index == 0:
+            processes.forget("shard")
+            processes.forget("read")
+        return index_lib.CorpusIndex.load(self.index_dir, expect=self._expect)
+
+    @staticmethod
+    def _shard_record(*, index: int, count: int, rows: tuple[int, int], seconds: float, encoded: int,
+                      truncated: int) -> dict:
+        """What the manifest says of one process's shard: its file and rows, the documents the process encoded,
+        how fast, and how many were cut to target_length."""
+        return {"file": index_lib.shard_file(index, count), "rows": list(rows), "process": index,
+                "documents": encoded, "seconds": round(seconds, 3),
+                "documents_per_second": encoded / max(seconds, 1e-9), "documents_truncated": truncated}
+
+    @staticmethod
+    def _encoding(shards: Sequence[dict]) -> dict:
+        """The manifest's encoding: the slowest process's seconds (they encode at once), the collection's
+        documents/s over them, the documents cut to target_length, the processes."""
+        seconds = max(shard["documents"] / shard["documents_per_second"] if shard["documents"] else 0.0
+                      for shard in shards)  # unrounded
+        documents = sum(shard["documents"] for shard in shards)
+        return {"seconds": round(seconds, 3), "documents_per_second": documents / max(seconds, 1e-9),
+                "documents_truncated": sum(shard["documents_truncated"] for shard in shards),
+                "processes": len(shards)}
+
+    def _log_truncated(self, truncated: int) -> None:
+        if truncated:
+            logger.warning("%d of the %d documents are longer than target_length=%d tokens and were cut to it",
+                           truncated, len(self.corpus), self.target_length)
 
     # --- Retrieval ---
 

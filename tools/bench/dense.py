@@ -6,6 +6,8 @@ python -m gr_jax.tools.bench.dense --part search [--num_vectors 1000000 --dim 38
                                                --nprobe 16 --batches 1 64 --repeats 5]
 python -m gr_jax.tools.bench.dense --part buckets --data_dir D [--documents 2048 --length 256 --batch 64
                                                --towers minilm --repeats 3]
+python -m gr_jax.tools.bench.dense --part corpus --data_dir D --out_dir O [--documents 500000 --length 128
+                                               --batch 256 --binding network.T5Config.num_encoder_layers=1 ...]
 python -m gr_jax.tools.bench.dense --part all
 
 `encode`: a dual encoder's document side (`DualEncoderModel.encode`, jitted as `DenseRetriever` compiles it)
@@ -22,6 +24,16 @@ passes alternate `--repeats` times after an untimed pass of each compiles every 
 documents' token lengths (median, 90th percentile, longest, the share of padding at `--length`), documents/s of each,
 their time ratio (bucketed / padded) and the largest difference between their vectors. Random weights (they time
 like the pretrained ones).
+
+`corpus`: a collection streamed into a corpus index as evaluation writes one (`DenseRetriever.encoded`: texts read
+in blocks of 4,096, sorted into length buckets, batches of `--batch`, vectors written into the memory-mapped
+`O/index/embeddings.npy`; in a job of several processes each its shard) by the document side of a dual encoder with
+a random T5.1.1 encoder tower (the size gin `--config` with `--binding`s, the data dir's SentencePiece model): the
+study's path at its size without a trained tower. With `--documents N` the collection is the first N documents of
+`D`'s (copied into `O/data`; the rest of the study's collection would be streamed alike). One JSON line: documents,
+vector dimension, documents/s (the manifest's, and of the whole call with the docids read), the bytes on disk, and
+the peak resident memory (`resource.getrusage`) after start-up, after reading the docids (`CorpusDocuments`) and
+after encoding, with the growth per document of each step: a bounded encoding adds none that grows with N.
 
 `search`: N random unit vectors (float32, dim) in an exact index ("Flat") and an approximate one (`--factory`,
 trained on a seeded sample of `--train_size` vectors as `gr_jax.dense.index.build_faiss_index` does), searched
@@ -42,7 +54,10 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
+import os
+import pathlib
 import statistics
 import time
 from collections.abc import Sequence
@@ -197,6 +212,92 @@ def run_buckets(*, tower: Tower, name: str, data_dir: str, documents: int, lengt
 # Part 2: search
 # ---------------------------------------------------------------------------------------------------------
 
+def _peak_rss_bytes() -> int:
+    """The process's peak resident set so far (Linux reports kilobytes)."""
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def collection_prefix(*, data_dir: str, documents: int, out_dir: pathlib.Path) -> str:
+    """A data dir holding the first `documents` lines of `data_dir`'s collection.tsv and its spm.model (linked):
+    a collection of that size with the same texts. An existing one of that size is reused."""
+    source = pathlib.Path(data_dir)
+    target = out_dir / "data"
+    target.mkdir(parents=True, exist_ok=True)
+    collection = target / "collection.tsv"
+    if not collection.is_file() or sum(1 for _ in collection.open("rb")) != documents:
+        written = 0
+        with (source / "collection.tsv").open("rb") as f, (target / ".collection.tsv.tmp").open("wb") as out:
+            for line in itertools.islice(f, documents):
+                out.write(line)
+                written += 1
+        if written != documents:
+            raise ValueError(f"{source / 'collection.tsv'} holds {written} documents, fewer than --documents "
+                             f"{documents}")
+        os.replace(target / ".collection.tsv.tmp", collection)
+    if (source / "spm.model").is_file() and not (target / "spm.model").exists():
+        (target / "spm.model").symlink_to((source / "spm.model").resolve())
+    return str(target)
+
+
+def run_corpus(*, tower: Tower, name: str, data_dir: str, out_dir: str, documents: Optional[int], length: int,
+               batch: int, seed: int = 0) -> dict:
+    """Streams a collection (or its first `documents`) into a corpus index in `out_dir` with a random tower (see
+    the module docstring); the index there is encoded again."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from gr_jax.data.readers import open_dataset
+    from gr_jax.dense.data import CorpusDocuments
+    from gr_jax.retrievers.dense import DenseRetriever
+    out = pathlib.Path(out_dir)
+    if documents is not None:
+        data_dir = collection_prefix(data_dir=data_dir, documents=documents, out_dir=out)
+    model = DualEncoderModel(config=DualEncoderConfig(tower=tower))
+    params = partitioning.strip_boxes(
+        jax.jit(functools.partial(model.init, input_length=8, target_length=length))(
+            jax.random.PRNGKey(seed))["params"])
+    mesh = partitioning.make_mesh(data=-1, model=1)
+    shardings = jax.tree.map(lambda _: NamedSharding(mesh, PartitionSpec()), params)
+    tokenizer = tower.tokenizer(data_dir=data_dir)
+    start_rss = _peak_rss_bytes()
+    start = time.perf_counter()
+    corpus = CorpusDocuments(open_dataset(data_dir))
+    docids_s = time.perf_counter() - start
+    docids_rss = _peak_rss_bytes()
+    index_lib.clear_index_dir(out / "index")
+    retriever = DenseRetriever(model=model, params=params, tokenizer=tokenizer, corpus=corpus, input_length=8,
+                               target_length=length, mesh=mesh, param_shardings=shardings, batch_size=batch,
+                               index_dir=out / "index", show_progress=True)
+    encoded = retriever.encoded()
+    total_s = time.perf_counter() - start
+    end_rss = _peak_rss_bytes()
+    n = len(encoded)
+    files = [out / "index" / shard["file"] for shard in encoded.manifest["shards"]]
+    return {
+        "benchmark": "dense_corpus_index",
+        "tower": name,
+        **_device_fields(),
+        "data_dir": data_dir,
+        "documents": n,
+        "dim": encoded.dim,
+        "params": int(sum(np.size(x) for x in jax.tree.leaves(params))),
+        "length": length,
+        "batch": retriever.batch_size,
+        "documents_per_s": encoded.manifest["encoding"]["documents_per_second"],
+        "documents_per_s_with_docids": n / total_s,
+        "docids_s": round(docids_s, 3),
+        "compile_s": round(retriever.compile_seconds, 3),
+        "documents_truncated": encoded.manifest["encoding"]["documents_truncated"],
+        "embeddings_bytes": sum(path.stat().st_size for path in files),
+        "peak_rss_start_bytes": start_rss,
+        "peak_rss_after_docids_bytes": docids_rss,
+        "peak_rss_after_encoding_bytes": end_rss,
+        "docids_rss_bytes_per_document": (docids_rss - start_rss) / n,
+        "encoding_rss_bytes_per_document": (end_rss - docids_rss) / n,
+        "embedding_bytes_per_document": encoded.dim * 4,
+    }
+
+
 def build_indexes(vectors: np.ndarray, *, config: index_lib.IndexConfig,
                   seed: int = 0) -> tuple[Any, Any, dict[str, float]]:
     """(exact index, `config`'s index, build seconds of each) over `vectors` float32[N, dim]."""
@@ -275,7 +376,7 @@ def run_search(*, num_vectors: int, dim: int, factory: str, nprobe: Optional[int
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m gr_jax.tools.bench.dense", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--part", choices=("encode", "buckets", "search", "all"), required=True)
+    parser.add_argument("--part", choices=("encode", "buckets", "corpus", "search", "all"), required=True)
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats per measurement (medians)")
     parser.add_argument("--seed", type=int, default=0)
     encode = parser.add_argument_group("encode part")
@@ -289,7 +390,12 @@ def main(argv: list[str] | None = None) -> None:
     buckets = parser.add_argument_group("buckets part (also --towers, --config, --batch, --length)")
     buckets.add_argument("--data_dir", default=None, help="a data dir (MS MARCO or BEIR layout) whose documents are "
                          "encoded")
-    buckets.add_argument("--documents", type=int, default=2048, help="the collection's first documents encoded")
+    buckets.add_argument("--documents", type=int, default=None,
+                         help="the collection's first documents encoded (buckets: default 2,048; corpus: default all)")
+    corpus = parser.add_argument_group("corpus part (also --data_dir, --documents, --config, --batch, --length)")
+    corpus.add_argument("--out_dir", default=None, help="where the corpus index (and a --documents prefix) go")
+    corpus.add_argument("--binding", nargs="*", default=[],
+                        help="gin bindings of the tower's T5Config, e.g. network.T5Config.num_encoder_layers=1")
     search = parser.add_argument_group("search part")
     search.add_argument("--num_vectors", type=int, default=1_000_000)
     search.add_argument("--dim", type=int, default=384, help="vector width (default: 384, MiniLM's)")
@@ -305,8 +411,10 @@ def main(argv: list[str] | None = None) -> None:
     search.add_argument("--k", type=int, default=10)
     args = parser.parse_args(argv)
 
-    if args.part == "buckets" and args.data_dir is None:
-        parser.error("--part buckets needs --data_dir")
+    if args.part in ("buckets", "corpus") and args.data_dir is None:
+        parser.error(f"--part {args.part} needs --data_dir")
+    if args.part == "corpus" and args.out_dir is None:
+        parser.error("--part corpus needs --out_dir")
 
     def body() -> None:
         if args.part in ("encode", "all"):
@@ -326,8 +434,14 @@ def main(argv: list[str] | None = None) -> None:
                     config=gin_utils.t5_config([args.config], dtype=args.dtype, dropout_rate=0.0)).for_data(
                         data_dir=args.data_dir)
                 print(json.dumps(run_buckets(tower=tower, name=name, data_dir=args.data_dir,
-                                             documents=args.documents, length=args.length, batch=args.batch,
+                                             documents=args.documents or 2048, length=args.length, batch=args.batch,
                                              repeats=args.repeats, seed=args.seed)), flush=True)
+        if args.part == "corpus":
+            tower = T5EncoderTower(config=gin_utils.t5_config([args.config], bindings=args.binding, dtype=args.dtype,
+                                                              dropout_rate=0.0)).for_data(data_dir=args.data_dir)
+            print(json.dumps(run_corpus(tower=tower, name="t5", data_dir=args.data_dir, out_dir=args.out_dir,
+                                        documents=args.documents, length=args.length, batch=args.batch,
+                                        seed=args.seed)), flush=True)
         if args.part in ("search", "all"):
             nprobe = args.nprobe if "IVF" in args.factory.upper() else None
             for line in run_search(num_vectors=args.num_vectors, dim=args.dim, factory=args.factory, nprobe=nprobe,
