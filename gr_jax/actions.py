@@ -189,10 +189,7 @@ class ProcessZeroDecides:
     @property
     def client(self) -> Any:
         if self._client is None:
-            from jax._src import distributed  # the client jax.distributed.initialize connected (orbax reads it too)
-            self._client = distributed.global_state.client
-            if self._client is None:
-                raise RuntimeError(f"{self.process_count} processes but jax.distributed is not initialized")
+            self._client = partitioning.distributed_client()
         return self._client
 
     def __call__(self, step: int, decide: Callable[[], bool]) -> bool:

@@ -304,6 +304,15 @@ def is_primary_process() -> bool:
     return jax.process_index() == 0
 
 
+def distributed_client() -> Any:
+    """The jax.distributed key-value client `initialize_distributed` connected (barriers, small values shared between
+    processes; orbax reads it too). An error when jax.distributed is not initialized."""
+    from jax._src import distributed  # jax exposes the client only here
+    if distributed.global_state.client is None:
+        raise RuntimeError(f"{jax.process_count()} processes but jax.distributed is not initialized")
+    return distributed.global_state.client
+
+
 def host_readable_sharding(mesh: Mesh) -> NamedSharding:
     """Replicated: for outputs every process reads whole (retrieval and scoring results). A batch-sharded output
     spans other hosts' devices in a multi-host job, where `jax.device_get` cannot fetch it; these are small."""

@@ -50,6 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
+from gr_jax import partitioning
 from gr_jax.data.readers import DataFormatError
 from gr_jax.dense.similarity import scores
 
@@ -143,10 +144,7 @@ class JobProcesses:
     @property
     def client(self) -> Any:
         if self._client is None:
-            from jax._src import distributed  # the client jax.distributed.initialize connected (orbax reads it too)
-            self._client = distributed.global_state.client
-            if self._client is None:
-                raise RuntimeError(f"{self.count} processes but jax.distributed is not initialized")
+            self._client = partitioning.distributed_client()
         return self._client
 
     def barrier(self, name: str) -> None:

@@ -29,7 +29,7 @@ import numpy as np
 from numpy.dtypes import StringDType
 
 from gr_jax.data.readers import DataFormatError, write_tsv
-from gr_jax.data.string_arrays import string_array
+from gr_jax.data.string_arrays import CHUNK, string_array
 from gr_jax.vocabulary import EOS_ID, PAD_ID
 
 PathLike = str | os.PathLike
@@ -173,7 +173,8 @@ class DocidNames(Sequence[str]):
         return str(self.array[index])
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self.array.tolist())
+        for start in range(0, len(self), CHUNK):  # a chunk of str objects at a time, not a list of every docid
+            yield from self.array[start:start + CHUNK].tolist()
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, DocidNames):
