@@ -58,6 +58,7 @@ import itertools
 import json
 import os
 import pathlib
+import resource
 import statistics
 import time
 from collections.abc import Sequence
@@ -66,13 +67,18 @@ from typing import Any, Optional
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
 from gr_jax import entry_point
 from gr_jax import gin_utils
 from gr_jax import partitioning
+from gr_jax.data.readers import open_dataset
 from gr_jax.dense import index as index_lib
+from gr_jax.dense.data import CorpusDocuments
 from gr_jax.dense.model import DOCUMENT, DualEncoderConfig, DualEncoderModel
 from gr_jax.dense.towers import MiniLMTower, T5EncoderTower, Tower
+from gr_jax.encoders.minilm import BertConfig, default_model_dir
+from gr_jax.retrievers.dense import DenseRetriever
 from gr_jax.tools.bench.semantic_ids import random_unit_vectors
 from gr_jax.tools.bench.train_step import _compiled_flops, seconds
 
@@ -95,7 +101,6 @@ def t5_tower(*, config_path: str, vocab_size: int, dtype: str = "float32") -> T5
 
 def minilm_vocab_size() -> int:
     """The WordPiece vocabulary of the installed all-MiniLM-L6-v2."""
-    from gr_jax.encoders.minilm import BertConfig, default_model_dir
     return BertConfig.from_json(default_model_dir() / "config.json").vocab_size
 
 
@@ -161,12 +166,6 @@ def run_buckets(*, tower: Tower, name: str, data_dir: str, documents: int, lengt
                 seed: int = 0) -> dict:
     """Times the document encoding of the first `documents` documents of `data_dir` sorted into length buckets
     against padded to `length`, alternately (see the module docstring)."""
-    import itertools
-
-    from jax.sharding import NamedSharding, PartitionSpec
-
-    from gr_jax.data.readers import open_dataset
-    from gr_jax.retrievers.dense import DenseRetriever
     texts = [text for _, text in itertools.islice(open_dataset(data_dir).collection(), documents)]
     model = DualEncoderModel(config=DualEncoderConfig(tower=tower))
     params = partitioning.strip_boxes(
@@ -214,7 +213,6 @@ def run_buckets(*, tower: Tower, name: str, data_dir: str, documents: int, lengt
 
 def _peak_rss_bytes() -> int:
     """The process's peak resident set so far (Linux reports kilobytes)."""
-    import resource
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
@@ -244,11 +242,6 @@ def run_corpus(*, tower: Tower, name: str, data_dir: str, out_dir: str, document
                batch: int, seed: int = 0) -> dict:
     """Streams a collection (or its first `documents`) into a corpus index in `out_dir` with a random tower (see
     the module docstring); the index there is encoded again."""
-    from jax.sharding import NamedSharding, PartitionSpec
-
-    from gr_jax.data.readers import open_dataset
-    from gr_jax.dense.data import CorpusDocuments
-    from gr_jax.retrievers.dense import DenseRetriever
     out = pathlib.Path(out_dir)
     if documents is not None:
         data_dir = collection_prefix(data_dir=data_dir, documents=documents, out_dir=out)
