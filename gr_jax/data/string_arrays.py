@@ -7,6 +7,7 @@ back as str.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Iterable
 
@@ -34,3 +35,25 @@ def _checked(texts: list[str] | tuple[str, ...]) -> np.ndarray:
     if not all(isinstance(t, str) for t in texts):
         raise TypeError("expected strings")
     return np.array(texts, dtype=StringDType())
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class SortedKeys:
+    """Byte-string keys (`S` arrays: docids as UTF-8) sorted once, so the rows of many keys are one binary search each
+    instead of a dict of Python strings. `sorted`: the keys in order; `order`: the row of each."""
+
+    sorted: np.ndarray
+    order: np.ndarray
+
+    @classmethod
+    def of(cls, keys: np.ndarray) -> SortedKeys:
+        order = np.argsort(keys, kind="stable")
+        return cls(sorted=keys[order], order=order)
+
+    def rows_of(self, wanted: np.ndarray) -> np.ndarray:
+        """int64[len(wanted)]: each key's row, -1 where there is none. A key wider than the sorted ones is cut to their
+        width by the search, then told apart by the comparison."""
+        if not wanted.size or not self.sorted.size:
+            return np.full(wanted.shape, -1, np.int64)
+        position = np.minimum(np.searchsorted(self.sorted, wanted), self.sorted.size - 1)
+        return np.where(self.sorted[position] == wanted, self.order[position], -1).astype(np.int64)

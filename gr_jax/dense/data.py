@@ -32,6 +32,7 @@ import numpy as np
 
 from gr_jax.data.batches import SeededEpochs, sharded_batches
 from gr_jax.data.pairs import labeled_queries
+from gr_jax.data.string_arrays import SortedKeys
 from gr_jax.data.readers import DataFormatError, DocumentLookup, RetrievalDataset, open_dataset
 from gr_jax.dense.towers import Tokenizer
 
@@ -62,8 +63,7 @@ class CorpusDocuments:
         if not sum(len(chunk) for chunk in chunks):
             raise DataFormatError(f"{dataset.collection_path}: the collection is empty")
         self.docids = np.concatenate(chunks)  # S<longest id>: 8.8M MS MARCO pids take 62 MB
-        self._order = np.argsort(self.docids, kind="stable")
-        self._sorted = self.docids[self._order]
+        self._keys = SortedKeys.of(self.docids)
         self._lookup = DocumentLookup(dataset)
 
     def __len__(self) -> int:
@@ -74,11 +74,7 @@ class CorpusDocuments:
 
     def rows_of(self, docids: Sequence[str]) -> np.ndarray:
         """int64[len(docids)]: each docid's row, -1 where the collection has no such document."""
-        wanted = np.asarray([d.encode("utf-8") for d in docids], dtype=bytes)
-        if not wanted.size:
-            return np.zeros((0,), np.int64)
-        position = np.minimum(np.searchsorted(self._sorted, wanted), len(self._sorted) - 1)
-        return np.where(self._sorted[position] == wanted, self._order[position], -1).astype(np.int64)
+        return self._keys.rows_of(np.asarray([d.encode("utf-8") for d in docids], dtype=bytes))
 
     def __contains__(self, docid: object) -> bool:
         return isinstance(docid, str) and self.rows_of([docid])[0] >= 0

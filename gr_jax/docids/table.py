@@ -29,7 +29,7 @@ import numpy as np
 from numpy.dtypes import StringDType
 
 from gr_jax.data.readers import DataFormatError, write_tsv
-from gr_jax.data.string_arrays import CHUNK, string_array
+from gr_jax.data.string_arrays import CHUNK, SortedKeys, string_array
 from gr_jax.vocabulary import EOS_ID, PAD_ID
 
 PathLike = str | os.PathLike
@@ -237,14 +237,14 @@ class DocidTable:
         """Refuses a docid on two rows (and two that only trailing NULs tell apart: their search keys are equal); the
         sorted keys are kept for `rows_of`."""
         keys = lookup_keys(self._names)
-        order = np.argsort(keys, kind="stable")
-        duplicate = first_duplicate(keys, order=order)
+        lookup = SortedKeys.of(keys)
+        duplicate = first_duplicate(keys, order=lookup.order)
         if duplicate is not None:
             a, b = duplicate
             raise _DuplicateDocid(f"duplicate docid {self.docids[b]!r} (rows {a} and {b})" if self.docids[a] ==
                                   self.docids[b] else f"docids {self.docids[a]!r} (row {a}) and {self.docids[b]!r} "
                                   f"(row {b}) differ only in trailing NUL characters", rows=(a, b))
-        self.__dict__["_sorted_docids"] = (keys[order], order)  # the cached property, filled
+        self.__dict__["_lookup"] = lookup  # the cached property, filled
 
     def _check_no_collisions(self) -> None:
         """Two docids with one token sequence would make a decoded sequence ambiguous: refuse them."""
@@ -319,22 +319,14 @@ class DocidTable:
         return np.flatnonzero(present)
 
     @functools.cached_property
-    def _sorted_docids(self) -> tuple[np.ndarray, np.ndarray]:
-        """(the docids' `lookup_keys` sorted, their rows), made when the table is checked (8.8M MS MARCO pids: 62 MB
-        of keys and 70 MB of rows, no dict)."""
-        keys = lookup_keys(self._names)
-        order = np.argsort(keys, kind="stable")
-        return keys[order], order
+    def _lookup(self) -> SortedKeys:
+        """The docids' `lookup_keys` sorted, made when the table is checked (8.8M MS MARCO pids: 62 MB of keys and 70
+        MB of rows, no dict)."""
+        return SortedKeys.of(lookup_keys(self._names))
 
     def rows_of(self, docids: Sequence[str]) -> np.ndarray:
         """int64[len(docids)]: the row of each docid, -1 for a docid not in the table."""
-        keys, order = self._sorted_docids
-        wanted = lookup_keys(DocidNames(docids).array)
-        if not wanted.size or not keys.size:
-            return np.full(wanted.shape, -1, np.int64)
-        # A key wider than the table's is cut to its width by the search, then told apart by the comparison.
-        position = np.minimum(np.searchsorted(keys, wanted), keys.size - 1)
-        return np.where(keys[position] == wanted, order[position], -1).astype(np.int64)
+        return self._lookup.rows_of(lookup_keys(DocidNames(docids).array))
 
     def __contains__(self, docid: object) -> bool:
         return isinstance(docid, str) and self.rows_of([docid])[0] >= 0

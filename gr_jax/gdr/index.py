@@ -41,6 +41,7 @@ import numpy as np
 
 from gr_jax.data.readers import DataFormatError
 from gr_jax.dense import index as dense_index
+from gr_jax.data.string_arrays import SortedKeys
 from gr_jax.docids.kmeans import import_faiss
 from gr_jax.gdr.clusters import ClusterIds, leaf_centroids
 
@@ -157,19 +158,12 @@ class ClusteredIndex:
                 for r in np.asarray(rows).tolist()]
 
     @functools.cached_property
-    def _sorted_docids(self) -> tuple[np.ndarray, np.ndarray]:
-        names = np.concatenate([self.base_docids.astype(bytes), self.added_docids.astype(bytes)])
-        order = np.argsort(names, kind="stable")
-        return names[order], order
+    def _keys(self) -> SortedKeys:
+        return SortedKeys.of(np.concatenate([self.base_docids.astype(bytes), self.added_docids.astype(bytes)]))
 
     def rows_of(self, docids: Sequence[str] | np.ndarray) -> np.ndarray:
         """int64[len(docids)]: each docid's row, -1 for a document the index does not hold."""
-        names, order = self._sorted_docids
-        wanted = _as_bytes(docids)
-        if not wanted.size:
-            return np.zeros((0,), np.int64)
-        position = np.minimum(np.searchsorted(names, wanted), len(names) - 1)
-        return np.where(names[position] == wanted, order[position], -1).astype(np.int64)
+        return self._keys.rows_of(_as_bytes(docids))
 
     def __contains__(self, docid: object) -> bool:
         return isinstance(docid, str) and self.rows_of([docid])[0] >= 0
@@ -285,7 +279,7 @@ class ClusteredIndex:
         tmp.write_text(json.dumps(self.manifest, indent=1))
         os.replace(tmp, directory / MANIFEST)
         copy = object.__new__(ClusteredIndex)
-        copy.__dict__.update({k: v for k, v in self.__dict__.items() if k not in ("ivf", "_sorted_docids")},
+        copy.__dict__.update({k: v for k, v in self.__dict__.items() if k not in ("ivf", "_keys")},
                              directory=directory)
         return copy
 
