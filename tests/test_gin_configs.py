@@ -131,6 +131,19 @@ def test_the_minilm_encoder_gin_gives_a_generative_experiment_minilm_as_its_enco
     assert gin.query_parameter("%TOWER_LEARNING_RATE_SCALE") == 0.02
 
 
+def test_the_dense_run_encoder_gin_gives_minilm_with_the_dense_runs_weights():
+    """encoders/dense_run.gin: encoders/minilm.gin whose tower's weights are DENSE_RUN's, at its kept step unless
+    DENSE_RUN_STEP is given."""
+    gin_utils.parse_gin(gin_files=["runs/train.gin", "models/t5_1_1/tiny.gin", "encoders/dense_run.gin"],
+                        bindings=["MODEL_DIR = '/tmp/unused'", "DATA_DIR = '/tmp/data'", "DATASET_NAME = 'd'",
+                                  "TRAIN_STEPS = 5", "DENSE_RUN = '/tmp/dense'", "DENSE_RUN_STEP = 300"])
+    experiment = gin.query_parameter("%EXPERIMENT").scoped_configurable_fn()
+    tower = experiment.encoder_tower
+    assert type(tower).__name__ == "DenseRunTower" and type(tower.tower).__name__ == "MiniLMTower"
+    assert (tower.model_dir, tower.step, experiment.train_encoder_tower) == ("/tmp/dense", 300, True)
+    assert gin.query_parameter("%TOWER_LEARNING_RATE_SCALE") == 0.02
+
+
 @pytest.mark.parametrize("gin_files, check", [
     (["gdr/train.gin", "models/t5_1_1/tiny.gin"], lambda e: e.query_tower is None
      and e.network_config.emb_dim == 256 and e.head == StandardHead()

@@ -31,7 +31,7 @@ LAYERS = {
               "gr_jax.dense.losses", "gr_jax.dense.towers", "gr_jax.dense.spectral", "gr_jax.gdr.model",
               "gr_jax.gdr.losses", "gr_jax.ranking.baselines"],
     "training": ["gr_jax.optimizers", "gr_jax.trainer", "gr_jax.checkpoints", "gr_jax.warm_start",
-                 "gr_jax.dense.data", "gr_jax.gdr.data"],
+                 "gr_jax.dense.data", "gr_jax.dense.run_tower", "gr_jax.gdr.data"],
     "retrieval": ["gr_jax.retrievers", "gr_jax.evaluator"],
     "experiment": ["gr_jax.family", "gr_jax.experiment", "gr_jax.dense.experiment", "gr_jax.gdr.experiment",
                    "gr_jax.ngrams.experiment", "gr_jax.training", "gr_jax.actions", "gr_jax.dense.calibration",

@@ -361,6 +361,36 @@ def test_tool_clusters_a_dense_runs_index_as_it_clusters_the_encoders_vectors(to
                    index_dir=index_dir("reversed", np.arange(120)[::-1]))
 
 
+def test_document_vectors_tool_writes_the_index_vectors_in_collection_order(topic_data_dir, tmp_path, capsys):
+    """tools/document_vectors: a dense index stored in collection order is written as it is; one in another order
+    is refused and nothing is written."""
+    from gr_jax.dense.index import EMBEDDINGS, CorpusIndex
+    from gr_jax.tools import document_vectors as tool
+
+    docids = [line.split("\t")[0] for line in (topic_data_dir / "collection.tsv").read_text().splitlines()]
+    vectors = np.random.default_rng(0).normal(size=(len(docids), 6)).astype(np.float32)
+
+    def index_dir(name, order):
+        directory = tmp_path / name
+        directory.mkdir()
+        np.save(directory / EMBEDDINGS, vectors[order])
+        CorpusIndex(docids=np.array([d.encode() for d in docids])[order], embeddings=vectors[order],
+                    manifest={"corpus": {"documents": len(order)}, "encoder": {"dim": 6}}).save(directory)
+        return str(directory)
+
+    out = tmp_path / "vectors.npy"
+    report = tool.main(["--data_dir", str(topic_data_dir), "--index_dir", index_dir("dense", np.arange(len(docids))),
+                        "--out", str(out)])
+    assert json.loads(capsys.readouterr().out.splitlines()[-1]) == report
+    assert (report["documents"], report["dim"]) == (len(docids), 6)
+    np.testing.assert_array_equal(np.load(out), vectors)
+    out.unlink()
+    with pytest.raises(SystemExit, match="first difference at row 0"):
+        tool.main(["--data_dir", str(topic_data_dir), "--index_dir",
+                   index_dir("reversed", np.arange(len(docids))[::-1]), "--out", str(out)])
+    assert not out.exists()
+
+
 def test_tool_main_prints_json_and_reports_errors(topic_data_dir, tmp_path, capsys):
     from gr_jax.tools import semantic_ids as tool
 

@@ -19,11 +19,10 @@ from typing import Any, Optional
 
 import jax
 import numpy as np
-from flax import traverse_util
 
-from gr_jax import checkpoints
 from gr_jax import network
 from gr_jax.data.readers import DataFormatError, open_dataset
+from gr_jax.dense.run_tower import tower_params_from_run
 from gr_jax.dense.towers import SentencePieceTokenizer, Tokenizer, Tower
 from gr_jax.docids import DocidSpace
 from gr_jax.docids.schemes.semantic import digit_token_ids
@@ -105,30 +104,6 @@ def check_document_encoder(model_dir: str, index: ClusteredIndex) -> None:
             where = index.directory or "the clustered index"
             raise DataFormatError(f"{where}: its document vectors come from the encoder {index.encoder}, but the run "
                                   f"{model_dir} was trained against {trained} ({path}): an index of another encoder")
-
-
-def tower_params_from_run(*, model_dir: str, step: int, abstract: Any) -> Any:
-    """The query tower of the dense run `model_dir` at `step` (its `checkpoints/` or `best/`), shaped and placed as
-    `abstract` (`jax.ShapeDtypeStruct`s with shardings): the shared tower (`tower`) or, with separate towers,
-    `query_tower`."""
-    run_dir = RunDir.of(model_dir)
-    for directory in (run_dir.checkpoints, run_dir.best):
-        if not (directory / str(step)).is_dir():
-            continue
-        checkpointer = checkpoints.Checkpointer(directory, max_to_keep=None)
-        try:
-            saved = checkpointer.saved_params(step)
-            name = "tower" if any(p.startswith("tower/") for p in saved) else "query_tower"
-            wanted = {f"{name}/{path}" for path in traverse_util.flatten_dict(abstract, sep="/")}
-            missing = sorted(wanted - set(saved))
-            if missing:
-                raise ValueError(f"{directory / str(step)}: the dense run's {name} lacks {len(missing)} parameters of "
-                                 f"this query tower (e.g. {missing[0]}): another tower?")
-            return checkpointer.restore_params(step, abstract_params={name: abstract})[name]
-        finally:
-            checkpointer.close()
-    raise FileNotFoundError(f"no checkpoint of step {step} in {run_dir.checkpoints} or {run_dir.best}: the document "
-                            f"encoder's run is needed to start the query tower")
 
 
 @dataclasses.dataclass(kw_only=True)
