@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 WORDNET_DIR ?= /usr/share/wordnet
 DEMO_DATA := data/wordnet_food
 DEMO_DIR ?= runs/wordnet_demo
-DEMO_STEPS ?= 400
+DEMO_STEPS ?= 250
 DEMO_GDR_STEPS ?= 150
 # Test worker processes: most tests are bound by XLA's single-threaded compiles, so two workers on two cores take
 # about 0.64x the time of one (805 tests: 10m29s against 16m26s); each test file stays on one worker. A third
@@ -56,8 +56,11 @@ demo: $(STAMP) $(DEMO_DATA)/spm.model
 	@$(PY) -m gr_jax.train --gin_file=dense/minilm.gin --gin.DATA_DIR=$(DEMO_DATA) --gin.MODEL_DIR=$(DEMO_DIR)/minilm \
 	  --gin.TRAIN_STEPS=0 --gin.DOCUMENT_LENGTH=64 --gin.training.EvalConfig.every_steps=-1 > $(DEMO_DIR)/minilm.train.json
 	@$(PY) -m gr_jax.eval --gin_file=$(DEMO_DIR)/minilm/config.gin > $(DEMO_DIR)/minilm.json
-	@echo "Training a tiny T5.1.1 for $(DEMO_STEPS) steps, then ranking the dev definitions"
-	@$(PY) -m gr_jax.train --gin_file=experiments/wordnet_demo.gin --gin.MODEL_DIR=$(DEMO_DIR) \
+	@echo "Generative: the frozen MiniLM encoder and a tiny T5.1.1 decoder over docids whose columns are the documents' MiniLM vectors, $(DEMO_STEPS) steps"
+	@$(PY) -m gr_jax.tools.document_vectors --data_dir $(DEMO_DATA) --index_dir $(DEMO_DIR)/minilm/index/0 \
+	  --out $(DEMO_DATA)/document_vectors.minilm.npy > $(DEMO_DIR)/document_vectors.json
+	@$(PY) -m gr_jax.train --gin_file=experiments/wordnet_document_vectors.gin --gin.DATA_DIR=$(DEMO_DATA) \
+	  --gin.MODEL_DIR=$(DEMO_DIR)/gr --gin.DOCUMENT_VECTORS=$(DEMO_DATA)/document_vectors.minilm.npy \
 	  --gin.TRAIN_STEPS=$(DEMO_STEPS) > $(DEMO_DIR)/gr.train.json
 	@echo "GDR: 64 clusters of the MiniLM vectors, a tiny T5.1.1 cluster decoder on the frozen MiniLM, $(DEMO_GDR_STEPS) steps"
 	@$(PY) -m gr_jax.tools.gdr_index build --index_dir $(DEMO_DIR)/minilm/index/0 --branching 8,8 \
@@ -66,8 +69,8 @@ demo: $(STAMP) $(DEMO_DATA)/spm.model
 	  --gin.GDR_INDEX=$(DEMO_DIR)/gdr_index --gin.MODEL_DIR=$(DEMO_DIR)/gdr --gin.TRAIN_STEPS=$(DEMO_GDR_STEPS) \
 	  --gin.TRAIN_QUERY_TOWER=False --gin.QUERY_LENGTH=32 --gin.WARMUP_STEPS=20 --gin.CLUSTERS_RECALLED=20 \
 	  > $(DEMO_DIR)/gdr.train.json
-	@$(PY) -m gr_jax.tools.demo_report --model_dir $(DEMO_DIR) --bm25 $(DEMO_DIR)/bm25.json \
-	  --dense $(DEMO_DIR)/minilm.json --gdr $(DEMO_DIR)/gdr/final_metrics.json
+	@$(PY) -m gr_jax.tools.demo_report --bm25 $(DEMO_DIR)/bm25.json --dense $(DEMO_DIR)/minilm.json \
+	  --generative $(DEMO_DIR)/gr --gdr $(DEMO_DIR)/gdr --steps $(DEMO_STEPS) --gdr_steps $(DEMO_GDR_STEPS)
 
 test: $(STAMP)
 	$(PY) -m ruff check .
