@@ -39,7 +39,8 @@ class Tokenizer(Protocol):
 
 
 class Tower(Protocol):
-    hidden_size: int
+    @property
+    def hidden_size(self) -> int: ...
 
     def for_data(self, *, data_dir: str) -> "Tower":
         """This tower with whatever it reads from the data dir filled in (the T5 tower's vocabulary size)."""

@@ -22,7 +22,7 @@ import numpy as np
 
 from gr_jax import network
 from gr_jax.data.readers import DataFormatError, open_dataset
-from gr_jax.dense.run_tower import tower_params_from_run
+from gr_jax.dense.run_tower import DenseRunTower
 from gr_jax.dense.towers import SentencePieceTokenizer, Tokenizer, Tower
 from gr_jax.docids import DocidSpace
 from gr_jax.docids.schemes.semantic import digit_token_ids
@@ -85,6 +85,9 @@ class GdrExperiment(ModelFamily):
         decoder = build_model(config=self.network_config, model_vocab_size=space.model_vocab_size,
                               docid_token_range=space.docid_token_range, head=self.head)
         tower = self.query_tower.for_data(data_dir=dataset.data_dir) if self.query_tower is not None else None
+        if tower is not None and self.query_tower_from_document_encoder:
+            # The query tower starts as the dense run that encoded the index's documents.
+            tower = DenseRunTower(tower=tower, model_dir=index.encoder["model_dir"], step=int(index.encoder["step"]))
         model = GdrModel(config=decoder.config, head=decoder.head, encoder_tower=tower, document_dim=index.dim,
                          temperature=self.temperature, gdr_loss=self.loss, train_encoder_tower=self.train_query_tower)
         mesh, trainer, checkpointer = self.training_parts(model, keep_checkpoints=keep_checkpoints,
@@ -120,13 +123,7 @@ class GdrBuilt(SampledBatchesRun):
         """A fresh train state: the query tower's weights loaded (see `GdrExperiment`), and the document encoder's
         fingerprint recorded in the model dir."""
         experiment = self.experiment
-        abstract = self.trainer.abstract_state.params
-        if self.model.encoder_tower is not None and experiment.query_tower_from_document_encoder:
-            encoder = self.index.encoder
-            given = {"tower": tower_params_from_run(model_dir=encoder["model_dir"], step=int(encoder["step"]),
-                                                    abstract=abstract["tower"])}
-        else:
-            given = self.model.pretrained_params(abstract=abstract)
+        given = self.model.pretrained_params(abstract=self.trainer.abstract_state.params)
         state = self.trainer.init_state(jax.random.PRNGKey(experiment.seed), given=given)
         path = RunDir.of(experiment.model_dir).document_encoder
         path.parent.mkdir(parents=True, exist_ok=True)
