@@ -24,6 +24,7 @@ class FakeRunner:
 
     def __init__(self):
         self.calls = []
+        self.gin_files = []  # per training process
         self.steps = {}  # (module, size, fraction) -> the step it trained to or measured at
 
     def __call__(self, argv, log_path, timeout):
@@ -32,7 +33,9 @@ class FakeRunner:
         bindings = _bindings(argv)
         if module == "gr_jax.train":
             model_dir = pathlib.Path(eval(bindings["MODEL_DIR"]))
-            size = next(a for a in argv if "models/t5_1_1/" in a).rsplit("/", 1)[1][:-4]
+            size = next(a for a in argv if re.search(r"(models/t5_1_1|decoder_only)/p?\d*[a-z0-9]+\.gin$", a)
+                        and not a.endswith("experiment.gin")).rsplit("/", 1)[1][:-4]
+            self.gin_files.append([a[len("--gin_file="):] for a in argv if a.startswith("--gin_file=")])
             fraction = int(eval(bindings["DATASET_NAME"]).rsplit("_q", 1)[1]) / 100
             self.calls.append(("train", size, fraction))
             self.steps["train", size, fraction] = int(bindings["TRAIN_STEPS"])
@@ -148,6 +151,28 @@ def test_steps_grow_with_the_data_fraction(tmp_path):
 def test_bad_arguments_are_refused(tmp_path):
     base = ["--data_dir", str(FIXTURES / "tasks"), "--out_dir", str(tmp_path), "--steps", "3"]
     for extra in (["--sizes", "no_such_size"], ["--sizes", "tiny", "--fractions", "0,1"],
-                  ["--sizes", "tiny", "--row", "9z"], ["--sizes", "tiny", "--beams", "0"]):
+                  ["--sizes", "tiny", "--row", "9z"], ["--sizes", "tiny", "--beams", "0"],
+                  ["--sizes", "tiny", "--family", "decoder_only", "--beams", ""]):  # no decoder_only/tiny.gin
         with pytest.raises(SystemExit):
             scaling_study.main([*base, *extra], runner=FakeRunner())
+
+
+def test_the_decoder_only_family_trains_its_matched_sizes_and_counts_their_own_parameters(tmp_path):
+    """--family decoder_only: each cell is the decoder-only network at the T5 size's matched file after the study's
+    gin, and P is that network's non-embedding count (docs/decoder_only.md, experiment 1); the inference sweep,
+    whose FLOPs are counted with the T5 model, is refused unless --beams is empty."""
+    args = ["--data_dir", str(FIXTURES / "tasks"), "--out_dir", str(tmp_path / "grid"), "--sizes", "p100k,p2m",
+            "--fractions", "1.0", "--steps", "3", "--cgl_negatives", "16", "--family", "decoder_only"]
+    with pytest.raises(SystemExit):
+        scaling_study.main(args, runner=FakeRunner(), preflight=lambda **_: {"firstp_labeled"})
+    runner = FakeRunner()
+    results = scaling_study.main([*args, "--beams", ""], runner=runner, preflight=lambda **_: {"firstp_labeled"})
+    assert [files[:3] for files in runner.gin_files] == [
+        ["experiments/study_cpu.gin", "decoder_only/experiment.gin", f"decoder_only/{size}.gin"]
+        for size in ("p100k", "p2m")]
+    # p2m: T5's 1,769,472 kernel parameters (tests/test_gin_configs.py) + 2 RMSNorms in each of 4 layers and the
+    # final one, 192 wide; p100k has its own count, not T5's 98,880.
+    params = {c["size"]: c["params"] for c in results["cells"]}
+    assert params["p2m"] == 1_769_472 + (4 * 2 + 1) * 192 and params["p100k"] != 98_880
+    assert "inference" not in results
+    assert (tmp_path / "grid" / "scaling.md").read_text().startswith("# Scaling study: decoder-only, row 2a")

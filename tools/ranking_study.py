@@ -41,9 +41,6 @@ from gr_jax.tools import run_study
 logger = logging.getLogger(__name__)
 
 STUDY_GIN = "experiments/study_cpu.gin"
-# A family's gin files at a size, after the study's and the variant's.
-FAMILY_GINS = {"t5": lambda size: [f"models/t5_1_1/{size}.gin"],
-               "decoder_only": lambda size: ["decoder_only/experiment.gin", f"decoder_only/{size}.gin"]}
 # name -> (label, gin files after ranking/ranked_lists.gin, bindings)
 VARIANTS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "ntp": ("NTP (top-1)", (), ()),
@@ -81,7 +78,8 @@ class RankingStudy:
     def train_command(self, variant: str) -> list[str]:
         _, files, bindings = VARIANTS[variant]
         model_dir = self.out_dir / variant
-        gins = [STUDY_GIN, "ranking/ranked_lists.gin", *files, *FAMILY_GINS[self.family](self.size), *self.gin_files]
+        gins = [STUDY_GIN, "ranking/ranked_lists.gin", *files, *run_study.FAMILY_GINS[self.family](self.size),
+                *self.gin_files]
         binds = [f"DATA_DIR = {self.data_dir!r}", f"DATASET_NAME = {'rank_' + variant!r}",
                  f"MODEL_DIR = {str(model_dir)!r}", f"TRAIN_STEPS = {self.steps}",
                  f"INPUT_LENGTH = {self.input_length}", f"TARGET_LENGTH = {self.target_length}", *bindings,
@@ -246,7 +244,7 @@ def main(argv: Optional[Sequence[str]] = None, *, runner: Any = run_study.run_lo
     parser.add_argument("--out_dir", required=True)
     parser.add_argument("--variants", default="ntp,frac2,trie2,combined2,stepwise",
                         help=f"comma-separated, of {','.join(VARIANTS)}")
-    parser.add_argument("--family", default="t5", choices=sorted(FAMILY_GINS),
+    parser.add_argument("--family", default="t5", choices=sorted(run_study.FAMILY_GINS),
                         help="the generative family: T5.1.1, or the decoder-only network at the matched size")
     parser.add_argument("--size", default="p2m", help="a models/t5_1_1/{size}.gin or decoder_only/{size}.gin name")
     parser.add_argument("--steps", type=int, default=800)

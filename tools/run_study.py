@@ -5,7 +5,8 @@
         [--dense_baselines all --dense_steps 500] [--gdr all --gdr_steps 1000 --gdr_branching 8,8]
 
 Each cell (data dir x row x docid scheme) is one `python -m gr_jax.train` process, the normal gin entry point
-(`experiments/study_cpu.gin`, then `models/t5_1_1/{size}.gin`, the row's variant gins, `--gin_file`s and the
+(`experiments/study_cpu.gin`, then `models/t5_1_1/{size}.gin` or with `--family decoder_only` the decoder-only
+network's matched size, `FAMILY_GINS`, the row's variant gins, `--gin_file`s and the
 cell's bindings), so cells are isolated and a crash stays in its cell. Training ends with the retrieval evaluation
 of the eval split (constrained beam search), whose metrics are the cell's result. Baselines come first: BM25 and,
 when `{data_dir}/d2q.tsv` exists (`python -m gr_jax.tools.doc2query generate`), BM25 over documents expanded with it
@@ -67,6 +68,23 @@ logger = logging.getLogger(__name__)
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 STUDY_GIN = "experiments/study_cpu.gin"
+# The generative families a cell can train (`--family`): a size's gin files, after the study's. The decoder-only
+# sizes are the T5 grid's matched in non-embedding parameters (docs/decoder_only.md, experiment 1).
+FAMILY_GINS: dict[str, Callable[[str], list[str]]] = {
+    "t5": lambda size: [f"models/t5_1_1/{size}.gin"],
+    "decoder_only": lambda size: ["decoder_only/experiment.gin", f"decoder_only/{size}.gin"]}
+FAMILY_LABELS = {"t5": "T5.1.1", "decoder_only": "decoder-only"}
+
+
+def family_gin_files(family: str, size: str) -> list[str]:
+    """The gin files of `family` at `size`; a ValueError names the family or size file that does not exist."""
+    if family not in FAMILY_GINS:
+        raise ValueError(f"no generative family {family!r}; choose from {sorted(FAMILY_GINS)}")
+    files = FAMILY_GINS[family](size)
+    missing = [f for f in files if not (gin_utils.GIN_CONFIGS_DIR / f).is_file()]
+    if missing:
+        raise ValueError(f"size {size!r} of the {family} family: no {gin_utils.GIN_CONFIGS_DIR / missing[0]}")
+    return files
 BASELINE_DASHES = ("--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (8, 2)))  # the plots' baseline lines
 # (column title, key of gr_jax.evaluation.retrieval_metrics)
 METRICS: tuple[tuple[str, str], ...] = (("MRR@10", "MRR@10"), ("R@1", "Recall@1"), ("R@10", "Recall@10"))
@@ -295,6 +313,7 @@ class Study:
     size: str
     steps: int
     out_dir: pathlib.Path
+    family: str = "t5"  # the cells' generative family (FAMILY_GINS); baselines and GDR keep their own networks
     gin_files: Sequence[str] = ()
     bindings: Sequence[str] = ()
     split: str = "dev"
@@ -320,8 +339,8 @@ class Study:
 
     def settings(self) -> dict[str, Any]:
         """What every cell's result depends on besides its row and scheme (steps may grow on a rerun)."""
-        return {"size": self.size, "gin_files": [STUDY_GIN, *self.gin_files], "bindings": list(self.bindings),
-                "split": self.split}
+        return {"size": self.size, "family": self.family, "gin_files": [STUDY_GIN, *self.gin_files],
+                "bindings": list(self.bindings), "split": self.split}
 
     def cell_dir(self, cell: Cell) -> pathlib.Path:
         return self.out_dir / cell.dataset.name / f"{cell.row.key}.{cell.scheme}"
@@ -329,7 +348,7 @@ class Study:
     def train_command(self, cell: Cell) -> list[str]:
         variant_files = [f for v in cell.row.variants for f in v.gin_files]
         scheme_files = [f for f in SCHEME_GIN_FILES.get(cell.scheme, ()) if f not in variant_files]
-        gin_files = [STUDY_GIN, f"models/t5_1_1/{self.size}.gin", *scheme_files, *variant_files, *self.gin_files]
+        gin_files = [STUDY_GIN, *FAMILY_GINS[self.family](self.size), *scheme_files, *variant_files, *self.gin_files]
         bindings = [f"DATA_DIR = {str(cell.dataset.data_dir)!r}", f"DATASET_NAME = {cell.dataset.name!r}",
                     f"MODEL_DIR = {str(self.cell_dir(cell).resolve())!r}", f"TRAIN_STEPS = {self.steps}",
                     f"MIXTURE_ROW = {cell.row.row.mixture_row!r}", f"DOCID_SCHEME = {cell.scheme!r}",
@@ -589,7 +608,8 @@ def format_markdown(results: dict[str, Any]) -> str:
         else "")
     gdr = (f"; GDR systems: {settings['gdr_steps']} steps, {'x'.join(map(str, settings['gdr_branching']))} clusters"
            if settings.get("gdr_systems") else "")
-    lines = [f"# Study: T5.1.1-{settings['size']}, {settings['steps']} steps, split {settings['split']}{dense}{gdr}",
+    family = FAMILY_LABELS[settings.get("family", "t5")]
+    lines = [f"# Study: {family}-{settings['size']}, {settings['steps']} steps, split {settings['split']}{dense}{gdr}",
              ""]
     for name, info in results["datasets"].items():
         lines += [f"## {name}: {info.get('documents', '?')} documents, {info.get('queries', '?')} "
@@ -708,7 +728,9 @@ def main(argv: Optional[Sequence[str]] = None, *, runner: CommandRunner = run_lo
     parser.add_argument("--rows", required=True, help=f"comma-separated row ids {sorted(STUDY_ROWS)}, "
                                                       f"optionally +variant ({sorted(VARIANTS)})")
     parser.add_argument("--schemes", default="naive", help="comma-separated docid schemes")
-    parser.add_argument("--size", default="tiny", help="models/t5_1_1/{size}.gin")
+    parser.add_argument("--size", default="tiny", help="models/t5_1_1/{size}.gin (or decoder_only/{size}.gin)")
+    parser.add_argument("--family", default="t5", choices=sorted(FAMILY_GINS),
+                        help="the cells' generative family: T5.1.1, or the decoder-only network at the matched size")
     parser.add_argument("--steps", type=int, required=True, help="training steps per cell")
     parser.add_argument("--out_dir", required=True)
     parser.add_argument("--split", default="dev", help="evaluation split of every cell and baseline")
@@ -726,9 +748,10 @@ def main(argv: Optional[Sequence[str]] = None, *, runner: CommandRunner = run_lo
     gin_args, gin_files, bindings = gin_utils.parse_args(rest, description=__doc__)
     if gin_args.gin_search_path:
         parser.error("--gin_search_path is not passed to cells; give gin files by path instead")
-    size_gin = gin_utils.GIN_CONFIGS_DIR / "models" / "t5_1_1" / f"{args.size}.gin"
-    if not size_gin.is_file():
-        parser.error(f"--size {args.size}: no {size_gin}")
+    try:
+        family_gin_files(args.family, args.size)
+    except ValueError as e:
+        parser.error(f"--size {args.size}: {e}")
     rows = [parse_row(key) for key in _split_list(args.rows)]
     dense_baselines = (list(DENSE_BASELINES) if args.dense_baselines.strip() == "all"
                        else _split_list(args.dense_baselines))
@@ -751,7 +774,7 @@ def main(argv: Optional[Sequence[str]] = None, *, runner: CommandRunner = run_lo
     datasets = [Dataset(name=name, data_dir=pathlib.Path(d).resolve()) for name, d in zip(names, args.data_dir)]
     entry_point.setup()
     study = Study(datasets=datasets, rows=rows, schemes=_split_list(args.schemes), size=args.size, steps=args.steps,
-                  out_dir=pathlib.Path(args.out_dir), gin_files=[str(pathlib.Path(f).resolve())
+                  out_dir=pathlib.Path(args.out_dir), family=args.family, gin_files=[str(pathlib.Path(f).resolve())
                                                                  if pathlib.Path(f).is_file() else f
                                                                  for f in gin_files],
                   bindings=bindings, split=args.split, baselines=not args.no_baselines,

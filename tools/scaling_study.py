@@ -8,20 +8,22 @@
 1. Data: one data dir per fraction under `{out_dir}/data/` (`gr_jax.tools.train_fraction`: nested seeded subsets
    of the training queries; the documents, docids and evaluation queries are the same in all).
 2. Cells: per size, `gr_jax.tools.run_study` over the fraction dirs (one `gr_jax.train` process per cell, the size
-   gin `models/t5_1_1/{size}.gin`, resumable per cell, no baselines) into `{out_dir}/cells/{size}/`; each cell
-   ends with its retrieval metrics on `--split`. Every cell trains `--steps` steps, or with `--steps_with_data`
-   round(fraction x `--steps`): the same number of passes over the labeled pairs at every fraction, as the paper's
-   data law (one epoch over D) assumes.
+   gin `models/t5_1_1/{size}.gin`, or with `--family decoder_only` the decoder-only network matched to that T5
+   size in non-embedding parameters, `decoder_only/{size}.gin`; resumable per cell, no baselines) into
+   `{out_dir}/cells/{size}/`; each cell ends with its retrieval metrics on `--split`. Every cell trains `--steps`
+   steps, or with `--steps_with_data` round(fraction x `--steps`): the same number of passes over the labeled pairs
+   at every fraction, as the paper's data law (one epoch over D) assumes.
 3. CGL: `python -m gr_jax.cgl` per finished cell (`--cgl_negatives` sampled negatives), cached in the cell dir.
 4. Laws (`gr_jax.scaling.laws`): CGL against non-embedding parameters P at the largest fraction (Eq. 6), against
    training pairs D at the largest size (Eq. 7), and jointly over every cell (Eq. 8); the monotonicity of CGL in P
    and in D; Spearman and Pearson correlations of CGL with Recall@10 and MRR@10 across cells.
    The data law uses the size measured at the most fractions (the largest of those). `--analyse_only` trains
    nothing and analyses the cells that have finished (a grid grown in parts).
-5. Inference compute: the best cell (MRR@10) ranked again with each of `--beams` (`gr_jax.eval`), MR@k = 1 -
-   Recall@k for k in 5, 20, 100, against the FLOPs per query of that beam size (`gr_jax.tools.model_stats`'
-   counting), and Eq. 12 fitted per k. A beam size below k returns fewer than k docids: it has no MR@k (gr_jax.eval
-   does not report such a Recall@k; it would repeat Recall@beams), and each k is fitted over the beam sizes >= k.
+5. Inference compute (T5 only; none with `--beams ''`): the best cell (MRR@10) ranked again with each of
+   `--beams` (`gr_jax.eval`), MR@k = 1 - Recall@k for k in 5, 20, 100, against the FLOPs per query of that beam
+   size (`gr_jax.tools.model_stats`' counting), and Eq. 12 fitted per k. A beam size below k returns fewer than k
+   docids: it has no MR@k (gr_jax.eval does not report such a Recall@k; it would repeat Recall@beams), and each k is
+   fitted over the beam sizes >= k.
 
 D counts the judged (query, docid) training pairs of a fraction; a row with indexing examples (e.g. 2a) adds every
 document's own example at every fraction, which D leaves out. Output: `scaling.json` (every cell and fit),
@@ -72,9 +74,11 @@ def count_flops(cell_dir: pathlib.Path, num_beams: int) -> float:
     return model_stats.measure(row, input_length=input_length, num_beams=num_beams).flops
 
 
-def count_params(size: str) -> int:
-    """Non-embedding parameters of `models/t5_1_1/{size}.gin` (independent of the vocabulary)."""
+def count_params(size: str, *, family: str = "t5") -> int:
+    """Non-embedding parameters of the `family`'s `size` (`run_study.FAMILY_GINS`; independent of the vocabulary)."""
     from gr_jax.tools import model_stats
+    if family == "decoder_only":
+        return gin_utils.decoder_only_config([f"decoder_only/{size}.gin"], vocab_size=128).non_embedding_params()
     return model_stats.non_embedding_param_count(dataclasses.replace(model_stats.size_config(size), vocab_size=128))
 
 
@@ -85,6 +89,7 @@ class ScalingStudy:
     sizes: Sequence[str]
     fractions: Sequence[float]
     steps: int
+    family: str = "t5"  # the cells' generative family (run_study.FAMILY_GINS)
     steps_with_data: bool = False
     row: str = "2a"
     scheme: str = "naive"
@@ -98,8 +103,12 @@ class ScalingStudy:
     runner: run_study.CommandRunner = run_study.run_logged
     preflight: run_study.Preflight = run_study.registered_rows
     flops: FlopsCounter = count_flops
-    params: ParamCounter = count_params
+    params: Optional[ParamCounter] = None  # None: count_params of `family`
     python: str = sys.executable
+
+    def param_count(self, size: str) -> int:
+        """Non-embedding parameters of `size` (`params`, or `count_params` of the family)."""
+        return self.params(size) if self.params is not None else count_params(size, family=self.family)
 
     def cell_steps(self, fraction: float) -> int:
         """The training steps of a cell at `fraction` (see `steps_with_data`)."""
@@ -127,7 +136,7 @@ class ScalingStudy:
                                                  f"{self.scheme}" / "cell.json")
                     steps = self.cell_steps(fraction)
                     if saved and saved.get("status") == "ok" and saved.get("steps") == steps:
-                        cells.append({"size": size, "params": self.params(size), "fraction": fraction,
+                        cells.append({"size": size, "params": self.param_count(size), "fraction": fraction,
                                       "pairs": pairs, "steps": steps, **{k: saved.get(k) for k in (
                                           "status", "metrics", "reason", "model_dir")}})
                 continue
@@ -139,12 +148,13 @@ class ScalingStudy:
                 study = run_study.Study(
                     datasets=[run_study.Dataset(run_study.default_dataset_name(d), d) for _, d, _ in group],
                     rows=[run_study.parse_row(self.row)], schemes=[self.scheme], size=size, steps=steps,
-                    out_dir=self.out_dir / "cells" / size, gin_files=self.gin_files, bindings=self.bindings,
+                    family=self.family, out_dir=self.out_dir / "cells" / size, gin_files=self.gin_files,
+                    bindings=self.bindings,
                     split=self.split, baselines=False, plots=False, runner=self.runner, preflight=self.preflight,
                     python=self.python)  # one size's cells: the grid's own plots and fits are the results
                 results = study.run()
                 for (fraction, _, pairs), cell in zip(group, results["cells"]):
-                    cells.append({"size": size, "params": self.params(size), "fraction": fraction, "pairs": pairs,
+                    cells.append({"size": size, "params": self.param_count(size), "fraction": fraction, "pairs": pairs,
                                   "steps": steps, **{k: cell.get(k) for k in ("status", "metrics", "reason",
                                                                                  "model_dir")}})
         return cells
@@ -200,14 +210,14 @@ class ScalingStudy:
                 cell["cgl"] = None if measured is None else measured["cgl"]
                 cell["cgl_chance"] = None if measured is None else measured["chance"]
         measured = [c for c in cells if c["status"] == "ok" and c.get("cgl") is not None]
-        results = {"settings": {"data_dir": str(self.data_dir), "sizes": list(self.sizes),
+        results = {"settings": {"data_dir": str(self.data_dir), "family": self.family, "sizes": list(self.sizes),
                                 "fractions": list(self.fractions), "steps": self.steps,
                                 "steps_with_data": self.steps_with_data, "row": self.row,
                                 "scheme": self.scheme, "split": self.split, "cgl_negatives": self.cgl_negatives,
                                 "beams": list(self.beams), "gin_files": list(self.gin_files),
                                 "bindings": list(self.bindings), "seed": self.seed},
                    "cells": cells, **analyse(measured, out_dir=self.out_dir)}
-        if measured:
+        if measured and self.beams:
             best = max(measured, key=lambda c: c["metrics"]["MRR@10"])
             sweep = self.beam_sweep(best)
             results["inference"] = {"cell": {k: best[k] for k in ("size", "fraction", "model_dir")},
@@ -329,7 +339,8 @@ def format_markdown(results: dict[str, Any]) -> str:
     settings = results["settings"]
     steps = (f"round(fraction x {settings['steps']}) steps" if settings.get("steps_with_data")
              else f"{settings['steps']} steps")
-    lines = [f"# Scaling study: row {settings['row']}, {settings['scheme']} ids, {steps}, "
+    family = run_study.FAMILY_LABELS[settings.get("family", "t5")]
+    lines = [f"# Scaling study: {family}, row {settings['row']}, {settings['scheme']} ids, {steps}, "
              f"split {settings['split']}, CGL with {settings['cgl_negatives']} negatives", "",
              "| size | P (non-embedding) | fraction | D (pairs) | CGL | Recall@10 | MRR@10 |",
              "|---|---|---|---|---|---|---|"]
@@ -365,12 +376,15 @@ def format_markdown(results: dict[str, Any]) -> str:
 
 def main(argv: Optional[Sequence[str]] = None, *, runner: run_study.CommandRunner = run_study.run_logged,
          preflight: run_study.Preflight = run_study.registered_rows, flops: FlopsCounter = count_flops,
-         params: ParamCounter = count_params) -> dict[str, Any]:
+         params: Optional[ParamCounter] = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(prog="python -m gr_jax.tools.scaling_study",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--data_dir", required=True)
     parser.add_argument("--out_dir", required=True)
-    parser.add_argument("--sizes", required=True, help="comma-separated models/t5_1_1/{size}.gin names")
+    parser.add_argument("--sizes", required=True, help="comma-separated models/t5_1_1/{size}.gin names (or "
+                                                       "decoder_only/{size}.gin with --family decoder_only)")
+    parser.add_argument("--family", default="t5", choices=sorted(run_study.FAMILY_GINS),
+                        help="the cells' generative family: T5.1.1, or the decoder-only network at the matched size")
     parser.add_argument("--fractions", default="0.2,0.4,0.6,0.8,1.0")
     parser.add_argument("--steps", type=int, required=True, help="per cell (at fraction 1 with --steps_with_data)")
     parser.add_argument("--steps_with_data", action="store_true",
@@ -379,16 +393,19 @@ def main(argv: Optional[Sequence[str]] = None, *, runner: run_study.CommandRunne
     parser.add_argument("--scheme", default="naive")
     parser.add_argument("--split", default="dev")
     parser.add_argument("--cgl_negatives", type=int, default=256)
-    parser.add_argument("--beams", default="1,5,10,20,50,100")
+    parser.add_argument("--beams", default="1,5,10,20,50,100",
+                        help="beam sizes of the inference sweep of the best cell; empty: no sweep")
     parser.add_argument("--seed", type=int, default=0, help="of the training-query fractions")
     parser.add_argument("--analyse_only", action="store_true",
                         help="train nothing: measure and fit the cells of the grid that have finished")
     args, rest = parser.parse_known_args(argv)
     gin_args, gin_files, bindings = gin_utils.parse_args(rest, description=__doc__)
     sizes = run_study._split_list(args.sizes)
-    missing = [s for s in sizes if not (gin_utils.GIN_CONFIGS_DIR / "models" / "t5_1_1" / f"{s}.gin").is_file()]
-    if missing:
-        parser.error(f"no models/t5_1_1/{{size}}.gin for {missing}")
+    for size in sizes:
+        try:
+            run_study.family_gin_files(args.family, size)
+        except ValueError as e:
+            parser.error(f"--sizes: {e}")
     try:
         fractions = [float(f) for f in run_study._split_list(args.fractions)]
         beams = [int(b) for b in run_study._split_list(args.beams)]
@@ -396,16 +413,19 @@ def main(argv: Optional[Sequence[str]] = None, *, runner: run_study.CommandRunne
         parser.error("--fractions and --beams are comma-separated numbers")
     if not fractions or not all(0 < f <= 1 for f in fractions) or len(set(fractions)) != len(fractions):
         parser.error(f"--fractions must be distinct values in (0, 1], got {args.fractions}")
-    if not beams or min(beams) < 1:
+    if beams and min(beams) < 1:
         parser.error(f"--beams must be positive, got {args.beams}")
+    if beams and args.family != "t5":
+        parser.error("the inference sweep counts FLOPs with the T5 model (model_stats); pass --beams '' for the "
+                     f"{args.family} family")
     try:
         run_study.parse_row(args.row)
     except ValueError as e:
         parser.error(str(e))
     entry_point.setup()
     study = ScalingStudy(data_dir=pathlib.Path(args.data_dir), out_dir=pathlib.Path(args.out_dir), sizes=sizes,
-                         fractions=fractions, steps=args.steps, steps_with_data=args.steps_with_data, row=args.row,
-                         scheme=args.scheme, split=args.split,
+                         family=args.family, fractions=fractions, steps=args.steps,
+                         steps_with_data=args.steps_with_data, row=args.row, scheme=args.scheme, split=args.split,
                          cgl_negatives=args.cgl_negatives, beams=beams, seed=args.seed,
                          analyse_only=args.analyse_only,
                          gin_files=[str(pathlib.Path(f).resolve()) if pathlib.Path(f).is_file() else f
