@@ -275,6 +275,9 @@ class Built(BuiltRun):
     vocabulary: Any
     docid_space: Optional[DocidSpace]
 
+    def init_checkpoint(self) -> Optional[str]:
+        return self.experiment.init_checkpoint
+
     def input_fingerprint(self) -> dict[str, str]:
         """sha256 of the vocabulary file, of the inputs' WordPiece vocab.txt where a tower encodes them, and of the
         docid table's token ids [docids, length] (computed once: every checkpoint saves it)."""
@@ -294,7 +297,8 @@ class Built(BuiltRun):
         given = self.model.pretrained_params(abstract=trainer.abstract_state.params)
         state = trainer.init_state(jax.random.PRNGKey(experiment.seed), given=given)
         if experiment.init_checkpoint and RunDir.of(experiment.init_checkpoint).is_run():
-            state = warm_start.initialize_from_run(state=state, trainer=trainer, model_dir=experiment.init_checkpoint)
+            state = warm_start.initialize_from_run(state=state, trainer=trainer, model_dir=experiment.init_checkpoint,
+                                                   seed=experiment.seed)
             logger.info("initialised from the run %s", experiment.init_checkpoint)
         elif experiment.init_checkpoint:
             state = warm_start.initialize_from_pretrained(state=state, trainer=trainer,

@@ -180,6 +180,11 @@ class BuiltRun(abc.ABC):
                              f"{[current[n][:12] for n in changed]} now): the data dir was rebuilt since. Point the "
                              "run at the original files (DatasetConfig.vocabulary_path, the docid table) or retrain")
 
+    def init_checkpoint(self) -> Optional[str]:
+        """What the run's parameters start from besides its seed (a gr_jax run dir, or a Hugging Face checkpoint
+        dir), or None: recorded in the run dir (`RunDir.write_start`) for warm starts from this run."""
+        return None
+
     def checkpoint_state(self, state: TrainState) -> TrainState:
         """What a checkpoint of `state` holds: all of it, but the frozen parameters (`Trainer(frozen=)`: LoRA's base,
         a frozen tower), which the run's own reference gives back on restore (`frozen_base`)."""

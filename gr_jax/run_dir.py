@@ -1,6 +1,8 @@
 """The files of a run's directory (`model_dir`), each named once: whatever writes or reads a run asks its `RunDir`.
 
     config.gin                          the gin config the run was trained with (evaluation and search rebuild it)
+    start.json                          where its parameters started (seed, init_checkpoint) and which of them its
+                                        checkpoints leave out (the frozen ones): what a warm start from it reads
     checkpoints/{step}/                 training states (`gr_jax.checkpoints`)
     best/{step}/                        the state model selection kept, with selection.json its record
     final_metrics.json                  the training run's report
@@ -37,6 +39,10 @@ class RunDir:
     @property
     def config(self) -> pathlib.Path:
         return self.path / "config.gin"
+
+    @property
+    def start(self) -> pathlib.Path:
+        return self.path / "start.json"
 
     @property
     def checkpoints(self) -> pathlib.Path:
@@ -99,6 +105,21 @@ class RunDir:
         if self.process == 0:
             self.config.write_text(gin_config)
 
+    def write_start(self, *, seed: int, init_checkpoint: str | os.PathLike | None, frozen: str | None) -> None:
+        """Records where the run's parameters start and the regex of those its checkpoints leave out (None: they
+        hold every parameter), so that a run warm-started from this one can rebuild them. The primary process
+        writes."""
+        if self.process == 0:
+            start = None if init_checkpoint is None else str(pathlib.Path(init_checkpoint).resolve())
+            write_json(self.start, {"seed": int(seed), "init_checkpoint": start, "frozen": frozen})
+
+    def read_start(self) -> dict[str, Any]:
+        """`write_start`'s record; a FileNotFoundError when the run has none (it was trained before runs wrote it)."""
+        if not self.start.is_file():
+            raise FileNotFoundError(f"{self.start} is missing: the run records where its parameters start when it "
+                                    "begins training (runs trained before that have none)")
+        return json.loads(self.start.read_text())
+
     def write_final_metrics(self, report: Mapping[str, Any]) -> dict[str, Any]:
         """Writes the training run's report (atomically) over an earlier attempt's, keeping what this one does not
         measure again: a rerun of a finished run trains no step, so its report has no training metrics, and would
@@ -114,6 +135,22 @@ class RunDir:
     def is_run(self) -> bool:
         """Whether this is a gr_jax run (it has checkpoints/) rather than, e.g., a Hugging Face checkpoint dir."""
         return self.checkpoints.is_dir()
+
+
+def hugging_face_checkpoint(path: str | os.PathLike) -> pathlib.Path:
+    """The Hugging Face checkpoint dir `path` stands for: itself, or for a gr_jax run, the checkpoint its
+    parameters started from (through `start.json`, run after run). A ValueError when a run's chain starts elsewhere
+    (from a seed)."""
+    directory = pathlib.Path(path)
+    seen = []
+    while RunDir.of(directory).is_run():
+        seen.append(str(directory))
+        start = RunDir.of(directory).read_start()
+        if start["init_checkpoint"] is None:
+            raise ValueError(f"{' <- '.join(seen)} started from seed {start['seed']}, not from a Hugging Face "
+                             "checkpoint")
+        directory = pathlib.Path(start["init_checkpoint"])
+    return directory
 
 
 def write_json(path: pathlib.Path, value: Any) -> None:

@@ -230,6 +230,8 @@ def _train(*, experiment: ModelFamily, run_dir: RunDir, log: pathlib.Path, num_t
     logger.info("model: %s", getattr(built.model, "config", built.model), extra=logs.FILE_ONLY)
     if gin_config_str:
         run_dir.write_config(gin_config_str)
+    run_dir.write_start(seed=built.experiment.seed, init_checkpoint=built.init_checkpoint(),
+                        frozen=built.trainer.frozen)
     state, start_batch, input_checkpoint = initial_state(built)
     run = TrainingRun(built=built, writer=metric_writers.create_writer(run_dir.path),
                       start_step=int(jax.device_get(state.step)), start_batch=start_batch,

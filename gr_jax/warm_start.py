@@ -21,7 +21,7 @@ import functools
 import logging
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Optional, Protocol, runtime_checkable
 
 import flax.linen as nn
@@ -57,9 +57,19 @@ def vocabulary_axes(params_with_logical_axes: Any) -> dict[str, int]:
             if "vocab" in tuple(spec)}
 
 
+# A source run's start record (`RunDir.read_start`) -> this network's parameters as that run started them (this
+# run's layout and shardings): where the parameters its checkpoints leave out (LoRA's base) come from.
+SourceStart = Callable[[Mapping[str, Any]], Any]
+
+
+def _same_layout(tree: Any) -> Any:
+    return tree
+
+
 def params_from_run(*, model_dir: str | os.PathLike, fresh_params: Any, shardings: Any,
                     vocab_axes: Mapping[str, int], new_patterns: Sequence[str] | None = None,
-                    config: Optional[T5Config] = None, head: Optional[OutputHead] = None) -> Any:
+                    config: Optional[T5Config] = None, head: Optional[OutputHead] = None,
+                    source_start: Optional[SourceStart] = None) -> Any:
     """This run's parameter tree filled from the latest checkpoint in `model_dir`/checkpoints.
 
     fresh_params: this run's initialised params (unboxed), the source of new heads and of vocabulary rows beyond
@@ -68,11 +78,13 @@ def params_from_run(*, model_dir: str | os.PathLike, fresh_params: Any, sharding
       being larger here; new_patterns: parameters the source may lack (default: `head`'s own,
       `OutputHead.fresh_param_patterns`); config and head: this run's network and output head, given so that a source
       run whose layer stacks are in the other layout (`T5Config.scan_layers`) is read in its layout and converted
-      (`gr_jax.layer_layout`).
+      (`gr_jax.layer_layout`); source_start: rebuilds the parameters the source's checkpoints leave out (its
+      `frozen` ones, e.g. a LoRA run's base) from where the source started (`RunDir.read_start`).
     """
     directory = RunDir.of(model_dir).checkpoints
     checkpointer = Checkpointer(directory, asynchronous=False)
     conversion: tuple[T5Config, Any] | None = None  # (our network, our shardings) when the source's layout differs
+    to_source_layout: Callable[[Any], Any] = _same_layout
     try:
         step = checkpointer.latest_step()
         if step is None:
@@ -83,8 +95,9 @@ def params_from_run(*, model_dir: str | os.PathLike, fresh_params: Any, sharding
             # Matched and restored in the source's layout, converted to ours at the end.
             source = dataclasses.replace(config, scan_layers=source_scanned)
             conversion = (config, shardings)
-            fresh_params = layer_layout.convert_layers(fresh_params, config=source, head=head)
-            shardings = layer_layout.convert_layers(shardings, config=source, head=head)
+            to_source_layout = functools.partial(layer_layout.convert_layers, config=source, head=head)
+            fresh_params = to_source_layout(fresh_params)
+            shardings = to_source_layout(shardings)
         leaves, treedef = jax.tree_util.tree_flatten_with_path(fresh_params)
         sharding_leaves = jax.tree_util.tree_leaves(shardings, is_leaf=lambda x: isinstance(x, Sharding))
         if len(sharding_leaves) != len(leaves):
@@ -94,6 +107,18 @@ def params_from_run(*, model_dir: str | os.PathLike, fresh_params: Any, sharding
             new_patterns = () if head is None or config is None else head.fresh_param_patterns(config)
         patterns = [re.compile(p) for p in new_patterns]
         missing = [p for p in paths if p not in saved and not any(q.fullmatch(p) for q in patterns)]
+        start = RunDir.of(model_dir).read_start() if RunDir.of(model_dir).start.is_file() else {}
+        left_out = re.compile(start["frozen"]) if start.get("frozen") else None
+        if missing and left_out is not None and all(left_out.fullmatch(p) for p in missing):
+            # The source's checkpoints leave these out (its frozen base): rebuilt from where it started.
+            if source_start is None:
+                raise ValueError(f"{directory} leaves out its frozen parameters ({missing[:3]}, ...) and nothing "
+                                 "here rebuilds them from where that run started")
+            fresh_params = to_source_layout(source_start(start))
+            leaves = jax.tree_util.tree_flatten_with_path(fresh_params)[0]
+            logger.info("the %d parameters %s leaves out come from where it started: %s", len(missing), directory,
+                        start["init_checkpoint"] or f"seed {start['seed']}")
+            missing = []
         unused = sorted(set(saved) - set(paths))
         if any(q.fullmatch(p) for p in paths for q in patterns):  # a new head replaces the output layer
             unused = [p for p in unused if p.split("/")[0] != "logits_dense"]
@@ -156,15 +181,35 @@ def _network(trainer: Trainer) -> tuple[Optional[T5Config], Optional[OutputHead]
     return config, getattr(trainer.model, "head")
 
 
-def initialize_from_run(*, state: TrainState, trainer: Trainer, model_dir: str | os.PathLike) -> TrainState:
-    """A freshly initialised train state whose params come from another run (see `params_from_run`), of either
-    layer layout."""
+def initialize_from_run(*, state: TrainState, trainer: Trainer, model_dir: str | os.PathLike,
+                        seed: int) -> TrainState:
+    """A freshly initialised train state (of `seed`) whose params come from another run (see `params_from_run`), of
+    either layer layout. Where the source's checkpoints leave parameters out (a LoRA run's frozen base), they come
+    from where it started (`RunDir.read_start`): a Hugging Face checkpoint read by this run's model, the run it
+    was warm-started from (recursively), or its seed's initialisation, which is this state's when the seeds agree
+    (the network is the source's: its saved parameters matched this one's by path and shape)."""
     boxed = jax.eval_shape(lambda: trainer.model.init(jax.random.PRNGKey(0), input_length=trainer.input_length,
                                                       target_length=trainer.target_length))["params"]
     config, head = _network(trainer)
+    vocab_axes = vocabulary_axes(boxed)
+
+    def source_start(start: Mapping[str, Any]) -> Any:
+        origin = start["init_checkpoint"]
+        if origin is None:
+            if int(start["seed"]) != seed:
+                raise ValueError(f"{model_dir}'s frozen parameters are the initialisation of seed {start['seed']}, "
+                                 f"which its checkpoints do not hold; this run's seed is {seed}: give it the same "
+                                 "seed to start from that run")
+            return state.params
+        if RunDir.of(origin).is_run():
+            return params_from_run(model_dir=origin, fresh_params=state.params,
+                                   shardings=trainer.state_shardings.params, vocab_axes=vocab_axes, config=config,
+                                   head=head, source_start=source_start)
+        return initialize_from_pretrained(state=state, trainer=trainer, checkpoint_dir=origin).params
+
     params = params_from_run(model_dir=model_dir, fresh_params=state.params,
-                             shardings=trainer.state_shardings.params, vocab_axes=vocabulary_axes(boxed),
-                             config=config, head=head)
+                             shardings=trainer.state_shardings.params, vocab_axes=vocab_axes,
+                             config=config, head=head, source_start=source_start)
     return dataclasses.replace(state, params=jax.tree_util.tree_map(jnp.asarray, params))
 
 

@@ -184,6 +184,28 @@ def test_a_lora_run_from_a_hugging_face_checkpoint_with_a_prompt_trains_and_eval
     for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(trained.params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
+    # The run records its start. A second LoRA run warm-started from the run dir (INIT_CHECKPOINT = the run) takes
+    # the network and tokenizer of the checkpoint that run started from, and starts as the run's step 3: its
+    # adapters and embedding from the run's checkpoint, its frozen base from the Hugging Face checkpoint again.
+    assert json.loads((model_dir / "start.json").read_text()) == {
+        "seed": 0, "init_checkpoint": str(hf_checkpoint_dir.resolve()), "frozen": built.trainer.frozen}
+    gin.clear_config()
+    try:
+        gin_utils.parse_gin(gin_files=["decoder_only/train.gin", "decoder_only/from_checkpoint.gin",
+                                       "decoder_only/lora.gin"],
+                            bindings=[f"INIT_CHECKPOINT = '{model_dir}'", f"DATA_DIR = '{data}'",
+                                      f"MODEL_DIR = '{tmp_path / 'second'}'", "DATASET_NAME = 'decoder_only_hf'",
+                                      "DOCID_SCHEME = 'naive'", "INPUT_LENGTH = 24", "TARGET_LENGTH = 12",
+                                      "TRAIN_STEPS = 1"])
+        second = gin.query_parameter("%EXPERIMENT").scoped_configurable_fn().build()
+    finally:
+        gin.clear_config()
+    assert second.model.config == network and second.model.token_offset == 2
+    assert second.vocabulary.path == vocabulary.path
+    continued = second.init_state().params
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(continued), jax.tree.leaves(trained.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=jax.tree_util.keystr(path))
+
 
 def test_a_hugging_face_start_with_another_vocabulary_is_an_error(spm_data_dir, hf_checkpoint_dir, tmp_path):
     gin.clear_config()

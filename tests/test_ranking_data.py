@@ -292,7 +292,8 @@ def test_the_decoder_only_family_trains_on_ranked_lists_and_is_ranking_evaluated
         built = restore_run(str(model_dir))
     finally:
         gin.clear_config()
-    started = warm_start.initialize_from_run(state=built.init_state(), trainer=built.trainer, model_dir=model_dir)
+    started = warm_start.initialize_from_run(state=built.init_state(), trainer=built.trainer, model_dir=model_dir,
+                                             seed=0)
     trained, _ = built.restore_params(2)
     for a, b in zip(jax.tree.leaves(started.params), jax.tree.leaves(trained)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

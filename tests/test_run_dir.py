@@ -48,3 +48,28 @@ def test_only_the_primary_process_writes_the_runs_own_files(tmp_path):
     primary.write_final_metrics({"eval/MRR@10": 0.5})
     assert primary.config.read_text() == "x = 1\n"
     assert json.loads(primary.final_metrics.read_text()) == {"eval/MRR@10": 0.5}
+
+
+def test_a_run_records_its_start_and_a_chain_of_runs_leads_to_the_hugging_face_checkpoint_behind_it(tmp_path):
+    import pytest
+    from gr_jax.run_dir import hugging_face_checkpoint
+    hf = tmp_path / "Qwen3-0.6B"
+    hf.mkdir()
+    first, second, scratch = (RunDir.of(tmp_path / name) for name in ("lora", "continued", "scratch"))
+    for run in (first, second, scratch):
+        run.checkpoints.mkdir(parents=True)
+    first.write_start(seed=3, init_checkpoint=hf, frozen="(?!.*_lora_[ab]$).*")
+    second.write_start(seed=0, init_checkpoint=first.path, frozen=None)
+    scratch.write_start(seed=5, init_checkpoint=None, frozen=None)
+    assert first.read_start() == {"seed": 3, "init_checkpoint": str(hf.resolve()), "frozen": "(?!.*_lora_[ab]$).*"}
+    assert hugging_face_checkpoint(hf) == hf  # a checkpoint dir stands for itself
+    assert hugging_face_checkpoint(second.path) == hugging_face_checkpoint(first.path) == hf.resolve()
+    with pytest.raises(ValueError, match="started from seed 5, not from a Hugging Face checkpoint"):
+        hugging_face_checkpoint(scratch.path)
+    (tmp_path / "old").mkdir()
+    RunDir.of(tmp_path / "old").checkpoints.mkdir()  # a run from before runs recorded their start
+    with pytest.raises(FileNotFoundError, match="start.json is missing"):
+        hugging_face_checkpoint(tmp_path / "old")
+    # Another process than the primary one writes nothing.
+    RunDir.of(tmp_path / "other", process=1).write_start(seed=1, init_checkpoint=None, frozen=None)
+    assert not (tmp_path / "other" / "start.json").exists()

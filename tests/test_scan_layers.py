@@ -395,6 +395,41 @@ def test_warm_start_reads_a_run_of_the_other_layout(tmp_path, source_scanned):
                                    vocab_axes=warm_start.vocabulary_axes(boxed))
 
 
+def test_a_warm_start_takes_what_the_source_checkpoints_leave_out_from_where_the_source_started(tmp_path):
+    """A source run whose checkpoints leave its frozen parameters out (a LoRA run's base; here every parameter but
+    the encoder's layers) has them rebuilt by `source_start` from its start record; parameters outside its frozen pattern
+    that are missing stay an error, and so does a source that leaves parameters out with nothing to rebuild them."""
+    mesh = partitioning.make_mesh(data=2, model=4)
+    params = init(MICRO)
+    boxed = init(MICRO, boxed=True, abstract=True)
+    shardings = partitioning.logical_shardings(boxed, mesh=mesh)
+    run = RunDir.of(tmp_path / "run")
+    with Checkpointer(run.checkpoints, asynchronous=False) as checkpointer:
+        checkpointer.save(4, state={"params": {k: v for k, v in params.items() if k.startswith("encoder_")}},
+                          input_state={})
+    run.write_start(seed=3, init_checkpoint=None, frozen="(?!encoder_).*")
+    base = jax.tree.map(lambda leaf: leaf + 1.0, params)  # where the source started: not the saved values
+    fresh = jax.tree.map(jnp.zeros_like, params)
+    starts = []
+
+    def source_start(start):
+        starts.append(start)
+        return base
+
+    kwargs = dict(model_dir=run.path, fresh_params=fresh, shardings=shardings,
+                  vocab_axes=warm_start.vocabulary_axes(boxed))
+    restored = warm_start.params_from_run(**kwargs, source_start=source_start)
+    assert starts == [{"seed": 3, "init_checkpoint": None, "frozen": "(?!encoder_).*"}]
+    for path, leaf in by_path(restored).items():
+        expected = by_path(params if path.startswith("encoder_") else base)[path]
+        np.testing.assert_array_equal(np.asarray(leaf), np.asarray(expected), err_msg=path)
+    with pytest.raises(ValueError, match="leaves out its frozen parameters"):
+        warm_start.params_from_run(**kwargs)
+    run.write_start(seed=3, init_checkpoint=None, frozen="(?!encoder_|decoder_).*")  # the decoder is not frozen
+    with pytest.raises(ValueError, match="does not hold this network's parameters"):
+        warm_start.params_from_run(**kwargs, source_start=source_start)
+
+
 def test_scan_layers_benchmark_reports_both_layouts():
     from gr_jax.tools.bench import scan_layers
     # One layer a stack: both stacks still scanned (a scan of length 1) and both layouts compiled, timed and reported,

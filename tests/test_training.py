@@ -354,7 +354,7 @@ def test_indexing_run_starts_from_a_continued_pretraining_run(data_dir, tmp_path
         built = experiment.build()
         fresh = built.trainer.init_state(jax.random.PRNGKey(7))
         fresh_params = {path_str(p): x for p, x in jax.tree_util.tree_leaves_with_path(jax.device_get(fresh.params))}
-        state = warm_start.initialize_from_run(state=fresh, trainer=built.trainer, model_dir=tmp_path / "pt")
+        state = warm_start.initialize_from_run(state=fresh, trainer=built.trainer, model_dir=tmp_path / "pt", seed=7)
         assert int(state.step) == 0
         return fresh_params, {path_str(p): x for p, x in jax.tree_util.tree_leaves_with_path(
             jax.device_get(state.params))}

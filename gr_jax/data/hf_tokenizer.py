@@ -28,14 +28,17 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
+from gr_jax.run_dir import hugging_face_checkpoint
+
 PathLike = str | os.PathLike
 TOKENIZER_FILENAME = "tokenizer.json"
 
 
 def checkpoint_tokenizer(checkpoint_dir: PathLike) -> str:
-    """The tokenizer.json of a Hugging Face checkpoint dir (what gin's `decoder_only/from_checkpoint.gin` gives
-    `DatasetConfig.vocabulary_path`)."""
-    path = pathlib.Path(checkpoint_dir) / TOKENIZER_FILENAME
+    """The tokenizer.json of a Hugging Face checkpoint dir, or of the one a gr_jax run started from
+    (`run_dir.hugging_face_checkpoint`): what gin's `decoder_only/from_checkpoint.gin` gives
+    `DatasetConfig.vocabulary_path`."""
+    path = hugging_face_checkpoint(checkpoint_dir) / TOKENIZER_FILENAME
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: a run that tokenises with a Hugging Face checkpoint's "
                                 f"vocabulary reads its {TOKENIZER_FILENAME} (the `tokenizers` library's format)")

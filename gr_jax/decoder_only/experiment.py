@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
-from typing import Any
+from typing import Any, Optional
 
 from gr_jax.decoder_only.model import DecoderOnlyModel
 from gr_jax.decoder_only.network import DecoderOnlyConfig
 from gr_jax.experiment import Built, GenerativeFamily
-from gr_jax.run_dir import RunDir
+from gr_jax.run_dir import hugging_face_checkpoint
 from gr_jax.vocabulary import load_vocabulary, vocabulary_file
 
 
@@ -46,9 +46,16 @@ class DecoderOnlyExperiment(GenerativeFamily):
     network_config: DecoderOnlyConfig
     prompt: PromptTemplate = PromptTemplate()
 
-    @property
-    def from_hugging_face(self) -> bool:
-        return self.init_checkpoint is not None and not RunDir.of(self.init_checkpoint).is_run()
+    def hugging_face_start(self) -> Optional[pathlib.Path]:
+        """The Hugging Face checkpoint the run's parameters come from: `init_checkpoint`, or the one the run it
+        names started from (`run_dir.hugging_face_checkpoint`); None for a start from a seed, or from a run that
+        does not record its own start."""
+        if self.init_checkpoint is None:
+            return None
+        try:
+            return hugging_face_checkpoint(self.init_checkpoint).resolve()
+        except (ValueError, FileNotFoundError):
+            return None
 
     def build(self, *, keep_checkpoints: int = 3) -> Built:
         """Reads the vocabulary and docid space, registers the tasks and builds the model for them (no parameter
@@ -56,14 +63,15 @@ class DecoderOnlyExperiment(GenerativeFamily):
         path = vocabulary_file(self.dataset)
         vocabulary = load_vocabulary(path)
         token_offset = 0
-        if self.from_hugging_face:
+        checkpoint = self.hugging_face_start()
+        if checkpoint is not None:
             # TensorFlow (seqio): only for runs that tokenise with a checkpoint's tokenizer; host-made data (ranked
             # lists) trains this family on a JAX-only host otherwise.
             from gr_jax.data.hf_tokenizer import TOKENIZER_FILENAME, HFTokenizerVocabulary
-            checkpoint = pathlib.Path(str(self.init_checkpoint)).resolve()
             if not (isinstance(vocabulary, HFTokenizerVocabulary) and vocabulary.path.parent == checkpoint):
-                raise ValueError(f"init_checkpoint {self.init_checkpoint} is a Hugging Face checkpoint: the run "
-                                 f"tokenises with its {TOKENIZER_FILENAME}, not {path} (DatasetConfig."
+                raise ValueError(f"init_checkpoint {self.init_checkpoint} starts from the Hugging Face checkpoint "
+                                 f"{checkpoint}: the run tokenises with its {TOKENIZER_FILENAME}, not {path} "
+                                 "(DatasetConfig."
                                  "vocabulary_path; decoder_only/from_checkpoint.gin sets both)")
             token_offset = vocabulary.id_offset
         docid_space = self.dataset.docid_space()

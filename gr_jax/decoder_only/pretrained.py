@@ -39,6 +39,7 @@ from jax.sharding import Sharding
 from gr_jax.data.readers import DataFormatError
 from gr_jax.decoder_only.network import DecoderOnlyConfig, Llama3RopeScaling
 from gr_jax.lora import LoraConfig
+from gr_jax.run_dir import hugging_face_checkpoint
 from gr_jax.pretrained import (
     PathLike, SafetensorsCheckpoint, TensorSource, fresh_value, json_field, json_line, read_config_json,
     sharded_tensor, with_fresh_rows)
@@ -137,11 +138,13 @@ def _rope(raw: Mapping[str, Any], *, path: pathlib.Path, text: str) -> tuple[flo
 def config_from_checkpoint(checkpoint_dir: PathLike, *, dtype: str = "float32", param_dtype: str = "float32",
                            scan_layers: bool = False, remat: bool = False, dropout_rate: float = 0.0,
                            lora: Optional[LoraConfig] = None, adapter_dim: int = 0) -> DecoderOnlyConfig:
-    """The network of `checkpoint_dir/config.json` with the numerics and options a run chooses (gin:
+    """The network of `checkpoint_dir/config.json` (or of the checkpoint a gr_jax run dir started from,
+    `run_dir.hugging_face_checkpoint`) with the numerics and options a run chooses (gin:
     `decoder_only/from_checkpoint.gin`). Its vocab_size is left unset: a run's vocabulary puts new ids before the
     checkpoint's rows and its docid tokens after them (`gr_jax.data.hf_tokenizer`), and sets the size."""
-    hf = read_config(checkpoint_dir, dtype=dtype, param_dtype=param_dtype, scan_layers=scan_layers, remat=remat,
-                     dropout_rate=dropout_rate, lora=lora, adapter_dim=adapter_dim)
+    hf = read_config(hugging_face_checkpoint(checkpoint_dir), dtype=dtype, param_dtype=param_dtype,
+                     scan_layers=scan_layers, remat=remat, dropout_rate=dropout_rate, lora=lora,
+                     adapter_dim=adapter_dim)
     return dataclasses.replace(hf.config, vocab_size=None)
 
 
