@@ -193,7 +193,10 @@ class BuiltRun(abc.ABC):
     def frozen_base(self) -> Any:
         """The parameters a checkpoint does not hold, as this run starts them (`init_state`: the seed, the
         pretrained tower, `init_checkpoint`). Made anew at each call: a kept copy would be donated with the state
-        it joins at the next train step."""
+        it joins at the next train step. Refused when it is not the base the checkpoints were trained on
+        (`RunDir.check_start`)."""
+        RunDir.of(self.experiment.model_dir).check_start(seed=self.experiment.seed,
+                                                         init_checkpoint=self.init_checkpoint())
         return self.init_state().params
 
     def read_params(self, checkpointer: checkpoints.Checkpointer, step: int) -> Any:

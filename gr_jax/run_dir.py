@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import pathlib
@@ -106,12 +107,36 @@ class RunDir:
             self.config.write_text(gin_config)
 
     def write_start(self, *, seed: int, init_checkpoint: str | os.PathLike | None, frozen: str | None) -> None:
-        """Records where the run's parameters start and the regex of those its checkpoints leave out (None: they
-        hold every parameter), so that a run warm-started from this one can rebuild them. The primary process
-        writes."""
+        """Records where the run's parameters start (and `start_fingerprint` of it) and the regex of those its
+        checkpoints leave out (None: they hold every parameter), so that a run warm-started from this one can
+        rebuild them. The primary process writes."""
         if self.process == 0:
             start = None if init_checkpoint is None else str(pathlib.Path(init_checkpoint).resolve())
-            write_json(self.start, {"seed": int(seed), "init_checkpoint": start, "frozen": frozen})
+            write_json(self.start, {"seed": int(seed), "init_checkpoint": start, "frozen": frozen,
+                                    "fingerprint": start_fingerprint(init_checkpoint)})
+
+    def check_start(self, *, seed: int, init_checkpoint: str | os.PathLike | None) -> None:
+        """Raises when this run's checkpoints leave parameters out (a LoRA run's base) and the start they were
+        trained on (`start.json`) is not the one given: the adapters would be applied to another base. A start
+        that moved but holds the same files is the same start; a run without a record, or whose checkpoints hold
+        every parameter, is not checked."""
+        if not self.start.is_file() or not any(p.name.isdigit() for p in self.checkpoints.glob("*")):
+            return
+        recorded = self.read_start()
+        if not recorded.get("frozen"):
+            return
+        if recorded["init_checkpoint"] is None and init_checkpoint is None:
+            same, now = int(recorded["seed"]) == int(seed), f"seed {seed}"
+        else:
+            fingerprint = start_fingerprint(init_checkpoint)
+            same, now = recorded.get("fingerprint") == fingerprint, f"{init_checkpoint} ({(fingerprint or '')[:12]})"
+        if not same:
+            then = (f"seed {recorded['seed']}" if recorded["init_checkpoint"] is None else
+                    f"{recorded['init_checkpoint']} ({(recorded.get('fingerprint') or '')[:12]})")
+            raise ValueError(f"{self.start}: the checkpoints of {self.path} hold only the parameters it trains "
+                             f"(the rest, {recorded['frozen']!r}, are its base), trained on {then}; this run's "
+                             f"base is {now}. Point init_checkpoint back at the base it was trained on, or train in "
+                             "a new model_dir")
 
     def read_start(self) -> dict[str, Any]:
         """`write_start`'s record; a FileNotFoundError when the run has none (it was trained before runs wrote it)."""
@@ -135,6 +160,26 @@ class RunDir:
     def is_run(self) -> bool:
         """Whether this is a gr_jax run (it has checkpoints/) rather than, e.g., a Hugging Face checkpoint dir."""
         return self.checkpoints.is_dir()
+
+
+def start_fingerprint(init_checkpoint: str | os.PathLike | None) -> str | None:
+    """A digest of what a run starts from, independent of where it lies (None: from a seed). A Hugging Face
+    checkpoint dir: its config.json and the names and sizes of its weight files (reading the weights would cost as
+    much as loading them); a gr_jax run: its own start's fingerprint and its latest checkpoint step."""
+    if init_checkpoint is None:
+        return None
+    directory = pathlib.Path(init_checkpoint)
+    digest = hashlib.sha256()
+    if RunDir.of(directory).is_run():
+        start = RunDir.of(directory).read_start() if RunDir.of(directory).start.is_file() else {}
+        steps = [int(p.name) for p in RunDir.of(directory).checkpoints.iterdir() if p.name.isdigit()]
+        digest.update(json.dumps([start.get("fingerprint"), start.get("seed"), max(steps, default=None)]).encode())
+    else:
+        config = directory / "config.json"
+        digest.update(config.read_bytes() if config.is_file() else b"")
+        for weights in sorted(directory.glob("*.safetensors")):
+            digest.update(f"{weights.name}:{weights.stat().st_size};".encode())
+    return digest.hexdigest()
 
 
 def hugging_face_checkpoint(path: str | os.PathLike) -> pathlib.Path:

@@ -230,6 +230,7 @@ def _train(*, experiment: ModelFamily, run_dir: RunDir, log: pathlib.Path, num_t
     logger.info("model: %s", getattr(built.model, "config", built.model), extra=logs.FILE_ONLY)
     if gin_config_str:
         run_dir.write_config(gin_config_str)
+    run_dir.check_start(seed=built.experiment.seed, init_checkpoint=built.init_checkpoint())
     run_dir.write_start(seed=built.experiment.seed, init_checkpoint=built.init_checkpoint(),
                         frozen=built.trainer.frozen)
     state, start_batch, input_checkpoint = initial_state(built)

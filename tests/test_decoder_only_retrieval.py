@@ -16,6 +16,7 @@ from gr_jax import gin_utils
 from gr_jax.decoder_only.model import DecoderOnlyModel
 from gr_jax.decoder_only.network import DecoderOnlyConfig, DecoderOnlyTransformer
 from gr_jax.docids.trie import Trie
+from gr_jax.run_dir import start_fingerprint
 from gr_jax.vocabulary import EOS_ID
 
 CONFIG = DecoderOnlyConfig(vocab_size=40, emb_dim=16, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=4,
@@ -188,7 +189,8 @@ def test_a_lora_run_from_a_hugging_face_checkpoint_with_a_prompt_trains_and_eval
     # the network and tokenizer of the checkpoint that run started from, and starts as the run's step 3: its
     # adapters and embedding from the run's checkpoint, its frozen base from the Hugging Face checkpoint again.
     assert json.loads((model_dir / "start.json").read_text()) == {
-        "seed": 0, "init_checkpoint": str(hf_checkpoint_dir.resolve()), "frozen": built.trainer.frozen}
+        "seed": 0, "init_checkpoint": str(hf_checkpoint_dir.resolve()), "frozen": built.trainer.frozen,
+        "fingerprint": start_fingerprint(hf_checkpoint_dir)}
     gin.clear_config()
     try:
         gin_utils.parse_gin(gin_files=["decoder_only/train.gin", "decoder_only/from_checkpoint.gin",
@@ -205,6 +207,21 @@ def test_a_lora_run_from_a_hugging_face_checkpoint_with_a_prompt_trains_and_eval
     continued = second.init_state().params
     for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(continued), jax.tree.leaves(trained.params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=jax.tree_util.keystr(path))
+
+    # The run read with another base of the same shapes (the checkpoint with another rms_norm_eps) is refused: its
+    # adapters were trained on the first one.
+    other = tmp_path / "other_base"
+    shutil.copytree(hf_checkpoint_dir, other)
+    config_json = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config_json, "rms_norm_eps": 1e-6}))
+    gin.clear_config()
+    try:
+        elsewhere = restore_run(str(model_dir), gin_args=[f"--gin.INIT_CHECKPOINT='{other}'",
+                                                          "--gin.DATASET_NAME='decoder_only_hf_other'"])
+    finally:
+        gin.clear_config()
+    with pytest.raises(ValueError, match=r"start.json: .* trained on .*; this run's base is .*other_base"):
+        elsewhere.restore_params(3)
 
 
 def test_a_hugging_face_start_with_another_vocabulary_is_an_error(spm_data_dir, hf_checkpoint_dir, tmp_path):

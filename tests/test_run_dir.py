@@ -52,7 +52,7 @@ def test_only_the_primary_process_writes_the_runs_own_files(tmp_path):
 
 def test_a_run_records_its_start_and_a_chain_of_runs_leads_to_the_hugging_face_checkpoint_behind_it(tmp_path):
     import pytest
-    from gr_jax.run_dir import hugging_face_checkpoint
+    from gr_jax.run_dir import hugging_face_checkpoint, start_fingerprint
     hf = tmp_path / "Qwen3-0.6B"
     hf.mkdir()
     first, second, scratch = (RunDir.of(tmp_path / name) for name in ("lora", "continued", "scratch"))
@@ -61,7 +61,9 @@ def test_a_run_records_its_start_and_a_chain_of_runs_leads_to_the_hugging_face_c
     first.write_start(seed=3, init_checkpoint=hf, frozen="(?!.*_lora_[ab]$).*")
     second.write_start(seed=0, init_checkpoint=first.path, frozen=None)
     scratch.write_start(seed=5, init_checkpoint=None, frozen=None)
-    assert first.read_start() == {"seed": 3, "init_checkpoint": str(hf.resolve()), "frozen": "(?!.*_lora_[ab]$).*"}
+    assert first.read_start() == {"seed": 3, "init_checkpoint": str(hf.resolve()), "frozen": "(?!.*_lora_[ab]$).*",
+                                  "fingerprint": start_fingerprint(hf)}
+    assert scratch.read_start()["fingerprint"] is None
     assert hugging_face_checkpoint(hf) == hf  # a checkpoint dir stands for itself
     assert hugging_face_checkpoint(second.path) == hugging_face_checkpoint(first.path) == hf.resolve()
     with pytest.raises(ValueError, match="started from seed 5, not from a Hugging Face checkpoint"):
@@ -73,3 +75,38 @@ def test_a_run_records_its_start_and_a_chain_of_runs_leads_to_the_hugging_face_c
     # Another process than the primary one writes nothing.
     RunDir.of(tmp_path / "other", process=1).write_start(seed=1, init_checkpoint=None, frozen=None)
     assert not (tmp_path / "other" / "start.json").exists()
+
+
+def test_a_run_whose_checkpoints_leave_out_its_base_refuses_another_base(tmp_path):
+    """check_start: the same checkpoint files elsewhere are the same base; another config.json, other weights or,
+    from a seed, another seed are refused, naming start.json; runs that save every parameter are not checked."""
+    import pytest
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_text('{"model_type": "qwen3"}')
+    (base / "model.safetensors").write_bytes(b"0" * 64)
+    run = RunDir.of(tmp_path / "lora")
+    run.path.mkdir()
+    run.write_start(seed=0, init_checkpoint=base, frozen="(?!.*_lora_[ab]$).*")
+    run.check_start(seed=0, init_checkpoint=tmp_path / "elsewhere")  # no checkpoint yet: nothing to protect
+    (run.checkpoints / "3").mkdir(parents=True)
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (moved / name).write_bytes((base / name).read_bytes())
+    run.check_start(seed=1, init_checkpoint=moved)
+    (moved / "model.safetensors").write_bytes(b"0" * 65)
+    with pytest.raises(ValueError, match=r"start.json: the checkpoints of .* trained on .*base.*this run's base"):
+        run.check_start(seed=0, init_checkpoint=moved)
+    (moved / "model.safetensors").write_bytes(b"0" * 64)
+    (moved / "config.json").write_text('{"model_type": "llama"}')
+    with pytest.raises(ValueError, match="Point init_checkpoint back"):
+        run.check_start(seed=0, init_checkpoint=moved)
+    scratch = RunDir.of(tmp_path / "scratch")
+    (scratch.checkpoints / "1").mkdir(parents=True)
+    scratch.write_start(seed=4, init_checkpoint=None, frozen="(?!.*_lora_[ab]$).*")
+    scratch.check_start(seed=4, init_checkpoint=None)
+    with pytest.raises(ValueError, match="trained on seed 4; this run's base is seed 5"):
+        scratch.check_start(seed=5, init_checkpoint=None)
+    scratch.write_start(seed=4, init_checkpoint=None, frozen=None)
+    scratch.check_start(seed=5, init_checkpoint=base)

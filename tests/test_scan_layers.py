@@ -397,8 +397,9 @@ def test_warm_start_reads_a_run_of_the_other_layout(tmp_path, source_scanned):
 
 def test_a_warm_start_takes_what_the_source_checkpoints_leave_out_from_where_the_source_started(tmp_path):
     """A source run whose checkpoints leave its frozen parameters out (a LoRA run's base; here every parameter but
-    the encoder's layers) has them rebuilt by `source_start` from its start record; parameters outside its frozen pattern
-    that are missing stay an error, and so does a source that leaves parameters out with nothing to rebuild them."""
+    the encoder's layers) has them rebuilt by `source_start` from its start record; parameters outside its frozen
+    pattern that are missing stay an error, and so does a source that leaves parameters out with nothing to rebuild
+    them."""
     mesh = partitioning.make_mesh(data=2, model=4)
     params = init(MICRO)
     boxed = init(MICRO, boxed=True, abstract=True)
