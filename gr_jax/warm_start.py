@@ -197,9 +197,9 @@ def initialize_from_run(*, state: TrainState, trainer: Trainer, model_dir: str |
         origin = start["init_checkpoint"]
         if origin is None:
             if int(start["seed"]) != seed:
-                raise ValueError(f"{model_dir}'s frozen parameters are the initialisation of seed {start['seed']}, "
-                                 f"which its checkpoints do not hold; this run's seed is {seed}: give it the same "
-                                 "seed to start from that run")
+                raise ValueError(f"the frozen parameters of {model_dir} (or of a run it started from) are the "
+                                 f"initialisation of seed {start['seed']}, which checkpoints do not hold; this run's "
+                                 f"seed is {seed}: give it the same seed to start from that run")
             return state.params
         if RunDir.of(origin).is_run():
             return params_from_run(model_dir=origin, fresh_params=state.params,
