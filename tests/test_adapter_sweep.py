@@ -36,8 +36,12 @@ def test_the_sweep_trains_both_families_at_each_adapter_width_and_reports_the_ch
     args = ["--data_dir", str(FIXTURES / "tasks"), "--out_dir", str(tmp_path / "sweep"), "--size", "p2m",
             "--adapter_dims", "0,128", "--steps", "5"]
     runner = FakeRunner()
-    results = adapter_sweep.main(args, runner=runner)
-    assert len(runner.commands) == 4
+    results = adapter_sweep.main([*args[:-3], "128,0", *args[-2:]], runner=runner)
+    # Width by width in the order given, both families at each; the results in increasing width.
+    order = [("dr" if "--gin_file=dense/decoder_only.gin" in a else "gr",
+              next(b for b in a if "adapter_dim" in b).rsplit(" ", 1)[1]) for a in runner.commands]
+    assert order == [("gr", "128"), ("dr", "128"), ("gr", "0"), ("dr", "0")]
+    assert list(results["runs"]["gr"]) == ["0", "128"]
     # Each command is the family's gin files, the size file and bindings gin accepts.
     for argv in runner.commands:
         files = [a[len("--gin_file="):] for a in argv if a.startswith("--gin_file=")]

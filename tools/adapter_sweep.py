@@ -16,9 +16,10 @@ both get exactly L (2 d a + d) new parameters), each trained from scratch for `-
   paper's DR uses 128 dimensions in its scaling experiments; empty: the backbone's width), in-batch negatives.
 
 Each run is one `python -m gr_jax.train` process (resumable, reused when finished with the same settings) that
-ends with its retrieval metrics on `--split`. Output in `--out_dir`: `{gr,dr}/a{dim}/` run dirs with their logs,
-`adapter_sweep.json`, `adapter_sweep.md` (the table, and each metric's change from no adapters) and
-`adapter_sweep.png` (metrics by added parameters, when matplotlib is installed).
+ends with its retrieval metrics on `--split`; the widths run in the order given, GR and DR at each. Output in
+`--out_dir`: `{gr,dr}/a{dim}/` run dirs with their logs, `adapter_sweep.json`, `adapter_sweep.md` (the table, and
+each metric's change from no adapters) and `adapter_sweep.png` (metrics by added parameters, when matplotlib is
+installed).
 """
 from __future__ import annotations
 
@@ -114,7 +115,9 @@ class AdapterSweep:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         backbone = gin_utils.decoder_only_config([f"decoder_only/{self.size}.gin"],
                                                  vocab_size=128).non_embedding_params()
-        runs = {family: {dim: self.run_one(family, dim) for dim in self.adapter_dims} for family in self.families}
+        # Width by width, both families at each, so that a sweep stopped part-way has paired GR and DR results.
+        done = {(dim, family): self.run_one(family, dim) for dim in self.adapter_dims for family in self.families}
+        runs = {family: {dim: done[dim, family] for dim in sorted(self.adapter_dims)} for family in self.families}
         results = {"settings": {"data_dir": str(self.data_dir), "size": self.size, "steps": self.steps,
                                 "split": self.split, "projection_dim": self.projection_dim,
                                 "adapter_dims": list(self.adapter_dims), "gin_files": list(self.gin_files),
