@@ -420,7 +420,7 @@ def test_a_warm_start_takes_what_the_source_checkpoints_leave_out_from_where_the
     kwargs = dict(model_dir=run.path, fresh_params=fresh, shardings=shardings,
                   vocab_axes=warm_start.vocabulary_axes(boxed))
     restored = warm_start.params_from_run(**kwargs, source_start=source_start)
-    assert starts == [{"seed": 3, "init_checkpoint": None, "frozen": "(?!encoder_).*"}]
+    assert starts == [{"seed": 3, "init_checkpoint": None, "frozen": "(?!encoder_).*", "fingerprint": None}]
     for path, leaf in by_path(restored).items():
         expected = by_path(params if path.startswith("encoder_") else base)[path]
         np.testing.assert_array_equal(np.asarray(leaf), np.asarray(expected), err_msg=path)

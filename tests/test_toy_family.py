@@ -204,9 +204,10 @@ def test_a_family_of_one_module_trains_resumes_and_is_evaluated_like_every_run(f
     np.testing.assert_array_equal(np.asarray(resumed["w"]), np.asarray(params["w"]))
 
 
-def test_the_training_loop_hands_control_to_five_library_modules_besides_the_family(fixtures_dir, tmp_path):
+def test_the_training_loop_hands_control_to_six_library_modules_besides_the_family(fixtures_dir, tmp_path):
     """`training.py`'s reach (docs/architecture.md, at most 8 modules with a generative family's): the toy family's
-    parts are outside the library, so what is counted is the training loop's own machinery."""
+    parts are outside the library, so what is counted is the training loop's own machinery, and `family` for the
+    default answer to where the run starts (`BuiltRun.init_checkpoint`, recorded in the run's start.json)."""
     experiment = BagOfWordsExperiment(model_dir=str(tmp_path / "run"),
                                       dataset=BagOfWordsData(data_dir=str(fixtures_dir / "msmarco")),
                                       learning_rate=optax.constant_schedule(0.5), optimizer_factory=optax.adam,
@@ -215,5 +216,5 @@ def test_the_training_loop_hands_control_to_five_library_modules_besides_the_fam
         experiment=experiment, num_train_steps=2, eval_config=EvalConfig(every_steps=0, ranking_depth=5),
         gin_config_str="# a config\n", progress=False))
     assert set(calls) == {"gr_jax.run_dir", "gr_jax.trainer", "gr_jax.checkpoints", "gr_jax.metric_writers",
-                          "gr_jax.actions"}
+                          "gr_jax.actions", "gr_jax.family"}
     assert call_path.collapsed(["a", "a", "b", "a"]) == ["a", "b", "a"]
