@@ -78,7 +78,7 @@ class RankingStudy:
     def train_command(self, variant: str) -> list[str]:
         _, files, bindings = VARIANTS[variant]
         model_dir = self.out_dir / variant
-        gins = [STUDY_GIN, "ranking/ranked_lists.gin", *files, *run_study.FAMILY_GINS[self.family](self.size),
+        gins = [STUDY_GIN, "ranking/ranked_lists.gin", *files, *run_study.FAMILIES[self.family].size_gins(self.size),
                 *self.gin_files]
         binds = [f"DATA_DIR = {self.data_dir!r}", f"DATASET_NAME = {'rank_' + variant!r}",
                  f"MODEL_DIR = {str(model_dir)!r}", f"TRAIN_STEPS = {self.steps}",
@@ -244,7 +244,7 @@ def main(argv: Optional[Sequence[str]] = None, *, runner: Any = run_study.run_lo
     parser.add_argument("--out_dir", required=True)
     parser.add_argument("--variants", default="ntp,frac2,trie2,combined2,stepwise",
                         help=f"comma-separated, of {','.join(VARIANTS)}")
-    parser.add_argument("--family", default="t5", choices=sorted(run_study.FAMILY_GINS),
+    parser.add_argument("--family", default="t5", choices=sorted(run_study.FAMILIES),
                         help="the generative family: T5.1.1, or the decoder-only network at the matched size")
     parser.add_argument("--size", default="p2m", help="a models/t5_1_1/{size}.gin or decoder_only/{size}.gin name")
     parser.add_argument("--steps", type=int, default=800)

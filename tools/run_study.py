@@ -6,7 +6,7 @@
 
 Each cell (data dir x row x docid scheme) is one `python -m gr_jax.train` process, the normal gin entry point
 (`experiments/study_cpu.gin`, then `models/t5_1_1/{size}.gin` or with `--family decoder_only` the decoder-only
-network's matched size, `FAMILY_GINS`, the row's variant gins, `--gin_file`s and the
+network's matched size, `FAMILIES`, the row's variant gins, `--gin_file`s and the
 cell's bindings), so cells are isolated and a crash stays in its cell. Training ends with the retrieval evaluation
 of the eval split (constrained beam search), whose metrics are the cell's result. Baselines come first: BM25 and,
 when `{data_dir}/d2q.tsv` exists (`python -m gr_jax.tools.doc2query generate`), BM25 over documents expanded with it
@@ -68,23 +68,45 @@ logger = logging.getLogger(__name__)
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 STUDY_GIN = "experiments/study_cpu.gin"
-# The generative families a cell can train (`--family`): a size's gin files, after the study's. The decoder-only
-# sizes are the T5 grid's matched in non-embedding parameters (docs/decoder_only.md, experiment 1).
-FAMILY_GINS: dict[str, Callable[[str], list[str]]] = {
-    "t5": lambda size: [f"models/t5_1_1/{size}.gin"],
-    "decoder_only": lambda size: ["decoder_only/experiment.gin", f"decoder_only/{size}.gin"]}
-FAMILY_LABELS = {"t5": "T5.1.1", "decoder_only": "decoder-only"}
+
+
+def _t5_non_embedding_params(size: str) -> int:
+    from gr_jax.tools import model_stats
+    return model_stats.non_embedding_param_count(gin_utils.t5_config([f"models/t5_1_1/{size}.gin"], vocab_size=128))
+
+
+def _decoder_only_non_embedding_params(size: str) -> int:
+    return gin_utils.decoder_only_config([f"decoder_only/{size}.gin"], vocab_size=128).non_embedding_params()
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerativeFamily:
+    """A family a cell can train (`--family`): its label, the gin files of a size (after the study's) and the
+    non-embedding parameters of a size (the P of the scaling laws, independent of the vocabulary)."""
+    label: str
+    size_gins: Callable[[str], list[str]]
+    non_embedding_params: Callable[[str], int]
+
+
+# The decoder-only sizes are the T5 grid's matched in non-embedding parameters (docs/decoder_only.md, experiment 1).
+FAMILIES: dict[str, GenerativeFamily] = {
+    "t5": GenerativeFamily("T5.1.1", lambda size: [f"models/t5_1_1/{size}.gin"], _t5_non_embedding_params),
+    "decoder_only": GenerativeFamily(
+        "decoder-only", lambda size: ["decoder_only/experiment.gin", f"decoder_only/{size}.gin"],
+        _decoder_only_non_embedding_params)}
 
 
 def family_gin_files(family: str, size: str) -> list[str]:
     """The gin files of `family` at `size`; a ValueError names the family or size file that does not exist."""
-    if family not in FAMILY_GINS:
-        raise ValueError(f"no generative family {family!r}; choose from {sorted(FAMILY_GINS)}")
-    files = FAMILY_GINS[family](size)
+    if family not in FAMILIES:
+        raise ValueError(f"no generative family {family!r}; choose from {sorted(FAMILIES)}")
+    files = FAMILIES[family].size_gins(size)
     missing = [f for f in files if not (gin_utils.GIN_CONFIGS_DIR / f).is_file()]
     if missing:
         raise ValueError(f"size {size!r} of the {family} family: no {gin_utils.GIN_CONFIGS_DIR / missing[0]}")
     return files
+
+
 BASELINE_DASHES = ("--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (8, 2)))  # the plots' baseline lines
 # (column title, key of gr_jax.evaluation.retrieval_metrics)
 METRICS: tuple[tuple[str, str], ...] = (("MRR@10", "MRR@10"), ("R@1", "Recall@1"), ("R@10", "Recall@10"))
@@ -313,7 +335,7 @@ class Study:
     size: str
     steps: int
     out_dir: pathlib.Path
-    family: str = "t5"  # the cells' generative family (FAMILY_GINS); baselines and GDR keep their own networks
+    family: str = "t5"  # the cells' generative family (FAMILIES); baselines and GDR keep their own networks
     gin_files: Sequence[str] = ()
     bindings: Sequence[str] = ()
     split: str = "dev"
@@ -348,7 +370,8 @@ class Study:
     def train_command(self, cell: Cell) -> list[str]:
         variant_files = [f for v in cell.row.variants for f in v.gin_files]
         scheme_files = [f for f in SCHEME_GIN_FILES.get(cell.scheme, ()) if f not in variant_files]
-        gin_files = [STUDY_GIN, *FAMILY_GINS[self.family](self.size), *scheme_files, *variant_files, *self.gin_files]
+        gin_files = [STUDY_GIN, *FAMILIES[self.family].size_gins(self.size), *scheme_files, *variant_files,
+                     *self.gin_files]
         bindings = [f"DATA_DIR = {str(cell.dataset.data_dir)!r}", f"DATASET_NAME = {cell.dataset.name!r}",
                     f"MODEL_DIR = {str(self.cell_dir(cell).resolve())!r}", f"TRAIN_STEPS = {self.steps}",
                     f"MIXTURE_ROW = {cell.row.row.mixture_row!r}", f"DOCID_SCHEME = {cell.scheme!r}",
@@ -608,7 +631,7 @@ def format_markdown(results: dict[str, Any]) -> str:
         else "")
     gdr = (f"; GDR systems: {settings['gdr_steps']} steps, {'x'.join(map(str, settings['gdr_branching']))} clusters"
            if settings.get("gdr_systems") else "")
-    family = FAMILY_LABELS[settings.get("family", "t5")]
+    family = FAMILIES[settings.get("family", "t5")].label
     lines = [f"# Study: {family}-{settings['size']}, {settings['steps']} steps, split {settings['split']}{dense}{gdr}",
              ""]
     for name, info in results["datasets"].items():
@@ -729,7 +752,7 @@ def main(argv: Optional[Sequence[str]] = None, *, runner: CommandRunner = run_lo
                                                       f"optionally +variant ({sorted(VARIANTS)})")
     parser.add_argument("--schemes", default="naive", help="comma-separated docid schemes")
     parser.add_argument("--size", default="tiny", help="models/t5_1_1/{size}.gin (or decoder_only/{size}.gin)")
-    parser.add_argument("--family", default="t5", choices=sorted(FAMILY_GINS),
+    parser.add_argument("--family", default="t5", choices=sorted(FAMILIES),
                         help="the cells' generative family: T5.1.1, or the decoder-only network at the matched size")
     parser.add_argument("--steps", type=int, required=True, help="training steps per cell")
     parser.add_argument("--out_dir", required=True)

@@ -75,11 +75,8 @@ def count_flops(cell_dir: pathlib.Path, num_beams: int) -> float:
 
 
 def count_params(size: str, *, family: str = "t5") -> int:
-    """Non-embedding parameters of the `family`'s `size` (`run_study.FAMILY_GINS`; independent of the vocabulary)."""
-    from gr_jax.tools import model_stats
-    if family == "decoder_only":
-        return gin_utils.decoder_only_config([f"decoder_only/{size}.gin"], vocab_size=128).non_embedding_params()
-    return model_stats.non_embedding_param_count(dataclasses.replace(model_stats.size_config(size), vocab_size=128))
+    """Non-embedding parameters of the `family`'s `size` (`run_study.FAMILIES`; independent of the vocabulary)."""
+    return run_study.FAMILIES[family].non_embedding_params(size)
 
 
 @dataclasses.dataclass
@@ -89,7 +86,7 @@ class ScalingStudy:
     sizes: Sequence[str]
     fractions: Sequence[float]
     steps: int
-    family: str = "t5"  # the cells' generative family (run_study.FAMILY_GINS)
+    family: str = "t5"  # the cells' generative family (run_study.FAMILIES)
     steps_with_data: bool = False
     row: str = "2a"
     scheme: str = "naive"
@@ -339,7 +336,7 @@ def format_markdown(results: dict[str, Any]) -> str:
     settings = results["settings"]
     steps = (f"round(fraction x {settings['steps']}) steps" if settings.get("steps_with_data")
              else f"{settings['steps']} steps")
-    family = run_study.FAMILY_LABELS[settings.get("family", "t5")]
+    family = run_study.FAMILIES[settings.get("family", "t5")].label
     lines = [f"# Scaling study: {family}, row {settings['row']}, {settings['scheme']} ids, {steps}, "
              f"split {settings['split']}, CGL with {settings['cgl_negatives']} negatives", "",
              "| size | P (non-embedding) | fraction | D (pairs) | CGL | Recall@10 | MRR@10 |",
@@ -383,7 +380,7 @@ def main(argv: Optional[Sequence[str]] = None, *, runner: run_study.CommandRunne
     parser.add_argument("--out_dir", required=True)
     parser.add_argument("--sizes", required=True, help="comma-separated models/t5_1_1/{size}.gin names (or "
                                                        "decoder_only/{size}.gin with --family decoder_only)")
-    parser.add_argument("--family", default="t5", choices=sorted(run_study.FAMILY_GINS),
+    parser.add_argument("--family", default="t5", choices=sorted(run_study.FAMILIES),
                         help="the cells' generative family: T5.1.1, or the decoder-only network at the matched size")
     parser.add_argument("--fractions", default="0.2,0.4,0.6,0.8,1.0")
     parser.add_argument("--steps", type=int, required=True, help="per cell (at fraction 1 with --steps_with_data)")
