@@ -252,6 +252,11 @@ class Trainer:
             raise ValueError("evaluate_loss got no batches")
         return metrics_lib.summarize(total)
 
+    def trace_train_step(self, state: Any, batch: Mapping[str, Any], rng: Any) -> jax.stages.Traced:
+        """The traced train step (its jaxpr), for counting its operations in benchmarks."""
+        with self.sharding_context():
+            return self._train_step.trace(state, batch, rng)
+
     def lower_train_step(self, state: Any, batch: Mapping[str, Any], rng: Any):
         """Lowered (not compiled) train step, for cost analysis in benchmarks."""
         with self.sharding_context():

