@@ -10,7 +10,6 @@ from gr_jax import optimizers
 from gr_jax import partitioning
 from gr_jax.decoder_only.model import DecoderOnlyModel
 from gr_jax.tools.bench import train_step
-from gr_jax.trainer import Trainer
 
 BATCH, INPUTS, TARGETS, VOCAB = 8, 16, 4, 512
 
@@ -35,14 +34,6 @@ def test_model_flops_count_every_layer_of_a_scanned_rematerialised_stack():
                                     vocab=VOCAB)
     hand = _hand_count(config)
     assert train_step.model_flops(model=model, optimizer=optimizer, mesh=mesh, batch=batch) == hand
-
-    # What it replaces: XLA's count of the scanned step counts the scanned layer once.
-    trainer = Trainer(model=model, optimizer=optimizer, mesh=mesh, input_length=INPUTS, target_length=TARGETS,
-                      batch_size=BATCH)
-    state = trainer.init_state(jax.random.PRNGKey(0))
-    scanned = train_step.compiled_cost(trainer.lower_train_step(
-        state, partitioning.host_batch_to_global(batch, mesh=mesh), jax.random.PRNGKey(1)))["flops"]
-    assert scanned < 0.9 * hand
 
 
 def test_matmul_flops_of_a_jaxpr_by_hand():

@@ -5,8 +5,8 @@ python -m gr_jax.tools.bench.train_step --config gin_configs/models/t5_1_1/small
 
 Prints one JSON line: steps/s, tokens/s, model FLOP/s (`model_flops`: the matrix products of the step's jaxpr,
 not rematerialised, divided by the step's median time), a float32 matmul probe's FLOP/s (its 2 n^3 by hand), and
-their ratio. Step and probe are timed alternately so that
-the machine's drifting speed affects both alike; the ratio is the figure to compare across machines.
+their ratio. Step and probe are timed alternately so that the machine's drifting speed affects both alike; the
+ratio is the figure to compare across machines.
 """
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ import json
 import math
 import statistics
 import time
-
 from collections.abc import Mapping
 from typing import Any
 
@@ -49,7 +48,7 @@ def jaxpr_matmul_flops(jaxpr: Any) -> float:
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
         if name == "dot_general":
-            (lhs_contract, _), (lhs_batch, _) = eqn.params["dimension_numbers"]
+            (lhs_contract, _), _ = eqn.params["dimension_numbers"]
             lhs, out = eqn.invars[0].aval.shape, eqn.outvars[0].aval.shape
             total += 2.0 * math.prod(out) * math.prod(lhs[i] for i in lhs_contract)
         elif name == "while":
