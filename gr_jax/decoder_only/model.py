@@ -180,10 +180,26 @@ class DecoderOnlyModel:
                          candidate_targets: Array) -> tuple[Array, Array]:
         """Teacher-forced scores of C candidate docids per query (CGL, the ranking metrics: `gr_jax.candidates`):
         encoder_input_tokens int32[B, L], candidate_targets int32[B, C, T] (EOS-terminated, 0-padded) ->
-        (log-likelihood float32[B, C], scored positions float32[B, C])."""
+        (log-likelihood float32[B, C], scored positions float32[B, C]). Each query block is prefilled once and its
+        cache shared by its C candidates, whose T docid tokens then run as cached steps: a candidate costs T
+        one-token steps, not a pass over the query and the docid."""
         batch, candidates, length = candidate_targets.shape
         targets = candidate_targets.reshape(batch * candidates, length)
-        flat = {"encoder_input_tokens": jnp.repeat(encoder_input_tokens, candidates, axis=0),
-                "decoder_target_tokens": targets, "decoder_input_tokens": jnp.pad(targets[:, :-1], ((0, 0), (1, 0)))}
+        inputs = jnp.pad(targets[:, :-1], ((0, 0), (1, 0)))
+        module, params = self._decoding(params)
+        cache, query_tokens = self._prefilled(module, params, encoder_input_tokens, rows_per_query=candidates,
+                                              max_decode_len=length)
+        step_fn = self._step_fn(module, params, block=self._block_length(encoder_input_tokens),
+                                query_tokens=query_tokens)
+
+        def step(carry, position):
+            cache, total = carry
+            logits, cache = step_fn(inputs[:, position], position, cache)
+            token = targets[:, position]
+            log_p = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+            token_log_p = jnp.take_along_axis(log_p, token[:, None], axis=1)[:, 0]
+            return (cache, total + jnp.where(token > 0, token_log_p, 0.0)), None
+
+        (_, total), _ = jax.lax.scan(step, (cache, jnp.zeros(targets.shape[0], jnp.float32)), jnp.arange(length))
         scored = jnp.sum(targets > 0, axis=-1).astype(jnp.float32)
-        return self.score_batch(params, flat).reshape(batch, candidates), scored.reshape(batch, candidates)
+        return total.reshape(batch, candidates), scored.reshape(batch, candidates)
