@@ -62,6 +62,7 @@ from gr_jax import gin_utils
 from gr_jax.data import d2q
 from gr_jax.data.readers import open_dataset
 from gr_jax.run_dir import RunDir, write_json
+from gr_jax.tools import model_stats
 from gr_jax.tools.doc2query import default_dataset_name
 
 logger = logging.getLogger(__name__)
@@ -71,8 +72,7 @@ STUDY_GIN = "experiments/study_cpu.gin"
 
 
 def _t5_non_embedding_params(size: str) -> int:
-    from gr_jax.tools import model_stats
-    return model_stats.non_embedding_param_count(gin_utils.t5_config([f"models/t5_1_1/{size}.gin"], vocab_size=128))
+    return model_stats.non_embedding_param_count(dataclasses.replace(model_stats.size_config(size), vocab_size=128))
 
 
 def _decoder_only_non_embedding_params(size: str) -> int:

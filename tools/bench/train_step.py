@@ -32,9 +32,9 @@ from gr_jax.models import EncoderDecoderModel
 from gr_jax.trainer import TrainableModel, Trainer
 
 
-def compiled_cost(stage) -> dict:
-    """XLA's cost analysis of a lowered or compiled function (flops, bytes accessed, ...)."""
-    cost = stage.cost_analysis()
+def compiled_cost(compiled) -> dict:
+    """XLA's cost analysis of a compiled function (flops, bytes accessed, ...)."""
+    cost = compiled.cost_analysis()
     return cost[0] if isinstance(cost, (list, tuple)) else cost
 
 
