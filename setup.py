@@ -20,6 +20,7 @@ INSTALL_REQUIRES = [
     "bm25s==0.3.16",
     "PyStemmer==3.1.0",
     "faiss-cpu==1.15.1",
+    "scipy==1.17.1",  # paired significance tests (gr_jax.significance)
     "ranx==0.3.21",  # rank fusion (gr_jax.fusion): RRF, interpolation, their parameters chosen on a split
     "scikit-learn==1.9.1",  # dictionary learning and OMP of the sparse docids (SToICaL's ESCI setting)
     "safetensors==0.8.0",

@@ -96,15 +96,39 @@ def retrieval_metrics(
 
     Relevance is ``qrels[qid][docid] >= 1``. Duplicated docids in a ranking count once (first occurrence).
     """
-    ks = tuple(int(k) for k in ks)
-    if not ks or min(ks) < 1:
-        raise ValueError(f"ks must be positive cutoffs, got {ks!r}")
-    ks, unfillable = fillable_ks(ks, depth=depth)
+    ks, unfillable = fillable_ks(_cutoffs(ks), depth=depth)
     if unfillable:
         logger.warning("%s not reported: the rankings are at most %d docids deep (the ranking depth: beams, "
                        "ranking_depth or k), so %s would only repeat Recall@%d",
                        ", ".join(f"Recall@{k}" for k in unfillable), depth,
                        "it" if len(unfillable) == 1 else "they", depth)
+    per_query, top1_valid = _per_query(run=run, qrels=qrels, ks=ks, valid_docids=valid_docids)
+    metrics: dict[str, float | int] = {name: float(values.mean()) for name, values in per_query.items()}
+    metrics["num_queries"] = len(qrels)
+    if valid_docids is not None:
+        metrics["invalid_docid_rate"] = (
+            float(1.0 - np.mean(top1_valid)) if top1_valid else float("nan")
+        )
+    return metrics
+
+
+def per_query_metrics(*, run: Run, qrels: Qrels, ks: Sequence[int] = DEFAULT_KS) -> dict[str, np.ndarray]:
+    """`retrieval_metrics`' measures for each query, float[num_queries] in `qrels`' order: the samples a paired
+    significance test compares (`gr_jax.significance`); their means are `retrieval_metrics`'."""
+    return _per_query(run=run, qrels=qrels, ks=_cutoffs(ks), valid_docids=None)[0]
+
+
+def _cutoffs(ks: Sequence[int]) -> tuple[int, ...]:
+    ks = tuple(int(k) for k in ks)
+    if not ks or min(ks) < 1:
+        raise ValueError(f"ks must be positive cutoffs, got {ks!r}")
+    return ks
+
+
+def _per_query(*, run: Run, qrels: Qrels, ks: Sequence[int], valid_docids: Container[str] | None
+               ) -> tuple[dict[str, np.ndarray], list[bool]]:
+    """Each measure float[num_queries] in `qrels`' order, and whether each non-empty ranking's top-1 docid is in
+    `valid_docids` (empty when None)."""
     columns = max(max(ks, default=1), MRR_CUTOFF)
     qids = list(qrels)
     num_queries = len(qids)
@@ -132,26 +156,18 @@ def retrieval_metrics(
         best = sorted((rel for rel in qrels[qid].values() if rel >= 1), reverse=True)[:MRR_CUTOFF]
         ideal_gains[i, :len(best)] = best
 
-    metrics: dict[str, float | int] = {}
+    per_query: dict[str, np.ndarray] = {}
     in_cutoff = hits[:, :MRR_CUTOFF]
     first_hit = np.argmax(in_cutoff, axis=1)
-    reciprocal_rank = np.where(in_cutoff.any(axis=1), 1.0 / (first_hit + 1.0), 0.0)
-    metrics[f"MRR@{MRR_CUTOFF}"] = float(reciprocal_rank.mean())
+    per_query[f"MRR@{MRR_CUTOFF}"] = np.where(in_cutoff.any(axis=1), 1.0 / (first_hit + 1.0), 0.0)
     cumulative_hits = np.cumsum(hits, axis=1)  # int[num_queries, columns]
     safe_denominator = np.maximum(num_relevant, 1)
     for k in ks:
-        recall = cumulative_hits[:, k - 1] / safe_denominator
-        metrics[f"Recall@{k}"] = float(recall.mean())
+        per_query[f"Recall@{k}"] = cumulative_hits[:, k - 1] / safe_denominator
     discounts = 1.0 / np.log2(np.arange(2, MRR_CUTOFF + 2))
     ideal = ideal_gains @ discounts
-    metrics[f"nDCG@{MRR_CUTOFF}"] = float(np.mean(np.where(ideal > 0, (gains @ discounts) / np.maximum(ideal, 1e-12),
-                                                           0.0)))
-    metrics["num_queries"] = num_queries
-    if valid_docids is not None:
-        metrics["invalid_docid_rate"] = (
-            float(1.0 - np.mean(top1_valid)) if top1_valid else float("nan")
-        )
-    return metrics
+    per_query[f"nDCG@{MRR_CUTOFF}"] = np.where(ideal > 0, (gains @ discounts) / np.maximum(ideal, 1e-12), 0.0)
+    return per_query, top1_valid
 
 
 def brier_score(*, run: Run, qrels: Qrels, probabilities: Mapping[str, float]) -> float:
