@@ -22,6 +22,7 @@ LAYERS = {
              # The families' package docstrings, which import nothing.
              *(f"gr_jax.{family}" for family in ("dense", "gdr", "ngrams", "ranking", "scaling"))],
     "data": ["gr_jax.vocabulary", "gr_jax.data", "gr_jax.docids", "gr_jax.tasks", "gr_jax.evaluation", "gr_jax.fusion",
+             "gr_jax.significance",
              "gr_jax.encoders", "gr_jax.ngrams.index", "gr_jax.ngrams.spans", "gr_jax.ranking.targets",
              "gr_jax.ranking.metrics", "gr_jax.ranking.data",
              "gr_jax.gdr.clusters", "gr_jax.gdr.index", "gr_jax.dense.index", "gr_jax.dense.similarity",
