@@ -18,6 +18,7 @@ import scipy.stats
 from gr_jax.evaluation import DEFAULT_KS, Qrels, Run, per_query_metrics
 
 TESTS = ("fisher", "student")
+_BATCH_VALUES = 2 ** 24  # values of one batch of resampled differences (128 MiB)
 
 
 def paired_p_value(a: np.ndarray, b: np.ndarray, *, test: str = "fisher", permutations: int = 10_000,
@@ -33,10 +34,11 @@ def paired_p_value(a: np.ndarray, b: np.ndarray, *, test: str = "fisher", permut
         return 1.0
     if test == "student":
         return float(scipy.stats.ttest_rel(a, b).pvalue)
+    # Resamples in batches of float64[batch, queries]: memory bounded whatever the split's size.
+    batch = max(1, _BATCH_VALUES // len(a))
     result = scipy.stats.permutation_test((a, b), lambda x, y, axis: np.mean(x - y, axis=axis), vectorized=True,
-                                          permutation_type="samples",
-                                          n_resamples=permutations, alternative="two-sided",
-                                          rng=np.random.default_rng(seed))
+                                          permutation_type="samples", n_resamples=permutations, batch=batch,
+                                          alternative="two-sided", rng=np.random.default_rng(seed))
     return float(result.pvalue)
 
 
