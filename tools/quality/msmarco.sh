@@ -1,36 +1,14 @@
 #!/usr/bin/env bash
-# docs/quality.md, "msmarco_mini": BM25, zero-shot all-MiniLM-L6-v2 (the stronger dense retriever here: fine-tuning
-# on the 227 training queries lowers it, docs/dense.md) and the pure generative model of `make demo` (frozen MiniLM
-# encoder, tiny T5.1.1 decoder from scratch, atomic docids whose columns are the passages' zero-shot MiniLM vectors),
-# row 2a (FirstP indexing of the 11,809 passages + the labeled training queries). msmarco_mini ships no valid
-# split: 50 of its 227 training queries become one (tools/valid_split), which chooses the generative model's state
-# and the fusion weights; dev (313 queries) is scored once. The generative model trains STEPS (1,000) steps of
-# batch 32 under an hour's budget, valid MRR@10 every 250 steps.
+# docs/quality.md, "msmarco_mini": msmarco_mini ships no valid split, so 50 of its 227 training queries become one
+# (tools/valid_split; the collection and dev are links to the shared files), then tools/quality/three_systems.sh
+# (BM25, zero-shot MiniLM at 256 document tokens, the demo's generative model at 1,000 steps) on it.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=.venv/bin/python
 D=${DATA:-data/msmarco_mini_v50}
 OUT=${OUT:-runs/quality/msmarco}
-STEPS=${STEPS:-1000}
 mkdir -p "$OUT"
 [ -f $D/spm.model ] || {
   $PY -m gr_jax.tools.valid_split --data_dir ../shared/data/msmarco_mini --out_dir $D --queries 50 > $OUT/valid_split.json
   $PY -m gr_jax.tools.make_vocab --data_dir $D --vocab_size 8000 > $OUT/vocab.json; }
-for split in valid dev; do
-  [ -f $OUT/bm25.$split.trec ] || $PY -m gr_jax.tools.bm25 --data_dir $D --split $split \
-    --run_file $OUT/bm25.$split.trec > $OUT/bm25.$split.json
-done
-[ -d $OUT/minilm_zs ] || $PY -m gr_jax.train --gin_file=dense/minilm.gin --gin.DATA_DIR="'$D'" \
-  --gin.MODEL_DIR="'$OUT/minilm_zs'" --gin.TRAIN_STEPS=0 --gin.DOCUMENT_LENGTH=256 \
-  --gin.training.EvalConfig.every_steps=-1 > $OUT/minilm_zs.train.json 2> $OUT/minilm_zs.train.log
-for split in valid dev; do
-  [ -f $OUT/minilm_zs.$split.json ] || $PY -m gr_jax.eval --gin_file=$OUT/minilm_zs/config.gin \
-    --gin.EVAL_SPLIT="'$split'" --gin.training.EvalConfig.num_beams=100 > $OUT/minilm_zs.$split.json 2> $OUT/minilm_zs.$split.log
-done
-[ -f $OUT/minilm_zs.document_vectors.npy ] || $PY -m gr_jax.tools.document_vectors --data_dir $D \
-  --index_dir $OUT/minilm_zs/index/0 --out $OUT/minilm_zs.document_vectors.npy
-timeout 3600 $PY -m gr_jax.train --gin_file=experiments/wordnet_document_vectors.gin --gin_file=runs/select.gin \
-  --gin.DATA_DIR="'$D'" --gin.DATASET_NAME="'$(basename $D)'" \
-  --gin.DOCUMENT_VECTORS="'$OUT/minilm_zs.document_vectors.npy'" --gin.MODEL_DIR="'$OUT/gr_document_vectors'" \
-  --gin.TRAIN_STEPS=$STEPS --gin.EVAL_EVERY=250 --gin.PATIENCE=None --gin.training.train.progress=False \
-  > $OUT/gr_document_vectors.train.json 2> $OUT/gr_document_vectors.train.log || echo "training ended with $?"
+DATA=$D OUT=$OUT DOCUMENT_LENGTH=256 tools/quality/three_systems.sh
