@@ -31,5 +31,7 @@ def test_chosen_training_queries_move_to_valid_with_their_judgements(tmp_path):
     assert dict(open_dataset(tmp_path / "again").queries("valid")) == valid  # seeded
     with pytest.raises(ValueError, match="already has a 'valid' split"):
         valid_split.valid_split(data_dir=str(tmp_path / "out"), out_dir=str(tmp_path / "twice"), queries=1)
+    with pytest.raises(ValueError, match="is not empty"):
+        valid_split.valid_split(data_dir=str(data), out_dir=str(tmp_path / "out"), queries=3)
     with pytest.raises(ValueError, match=r"--queries must be in \[1, "):
         valid_split.valid_split(data_dir=str(data), out_dir=str(tmp_path / "all"), queries=len(judged))
