@@ -5,9 +5,9 @@
 
 Model selection and fusion weights are chosen on `valid`, never on the split a result is reported on (docs/
 quality.md); MS MARCO-style data dirs ship only `train` and `dev`. The out dir (MS MARCO layout) holds the training
-queries and judgements less the chosen ones, which become `queries.valid.tsv` / `qrels.valid.tsv`; the collection,
-every other split and the vocabulary are symbolic links to the original's files, so a large collection is not
-copied. Prints one JSON line of counts, also written as `valid_split.json`.
+queries and judgements less the chosen ones, which become `queries.valid.tsv` / `qrels.valid.tsv`; the collection
+and every other split are symbolic links to the original's files, so a large collection is not copied, and
+`spm.model` is copied. Prints one JSON line of counts, also written as `valid_split.json`.
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import pathlib
+import shutil
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,7 +25,7 @@ from gr_jax.data.readers import open_dataset, write_tsv
 from gr_jax.entry_point import run_tool
 
 SPLIT = "valid"
-VOCABULARY = "spm.model"  # trained on the collection, which is unchanged
+VOCABULARY = "spm.model"
 
 
 def valid_split(*, data_dir: str, out_dir: str, queries: int, seed: int = 0) -> dict[str, Any]:
@@ -52,11 +53,13 @@ def valid_split(*, data_dir: str, out_dir: str, queries: int, seed: int = 0) -> 
         write_tsv(out / f"qrels.{name}.tsv", [(qid, "0", docid, str(rel)) for qid, docs in judged.items() if keep(qid)
                                               for docid, rel in docs.items()])
     source = dataset.data_dir.resolve()
-    linked = [dataset.collection_path.name, VOCABULARY] + [
-        f"{kind}.{split}.tsv" for split in dataset.splits() if split != "train" for kind in ("queries", "qrels")]
+    linked = [dataset.collection_path.name] + [f"{kind}.{split}.tsv" for split in dataset.splits() if split != "train"
+                                               for kind in ("queries", "qrels")]
     for name in linked:
         if (source / name).is_file():
             os.symlink(source / name, out / name)
+    if (source / VOCABULARY).is_file():  # a copy: writing a new vocabulary here must not replace the original's
+        shutil.copy(source / VOCABULARY, out / VOCABULARY)
     summary = {"data_dir": data_dir, "out_dir": out_dir, "seed": seed, "train_queries": len(train) - len(chosen),
                "valid_queries": len(chosen), "linked": sorted(name for name in linked if (out / name).exists())}
     (out / "valid_split.json").write_text(json.dumps(summary, indent=1))
