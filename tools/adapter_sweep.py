@@ -173,8 +173,9 @@ def plot(results: dict[str, Any], path: pathlib.Path) -> None:
     for family, records in results["runs"].items():
         done = [r for r in records.values() if r["status"] == "ok"]
         for ax, metric in zip(axes[0], METRICS):
-            ax.plot([r["added_params"] for r in done], [r["metrics"][metric] for r in done], marker="o",
-                    label=family.upper())
+            # A GR run reports no Recall@k deeper than its beams (retrieval_metrics' depth): no point there.
+            points = [(r["added_params"], r["metrics"][metric]) for r in done if metric in r["metrics"]]
+            ax.plot([x for x, _ in points], [y for _, y in points], marker="o", label=family.upper())
             ax.set_xlabel("added parameters")
             ax.set_title(metric)
     axes[0][0].legend(fontsize=8)
