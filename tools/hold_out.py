@@ -28,13 +28,12 @@ from gr_jax.entry_point import run_tool
 NEW_DOCUMENTS = "new_documents.tsv"
 
 
-def _qrels_lines(qrels: dict[str, dict[str, int]], keep) -> list[tuple[str, str, str, str]]:
-    return [(qid, "0", docid, str(rel)) for qid, judged in qrels.items() for docid, rel in judged.items()
-            if keep(qid, docid)]
+def _judgements(qrels: dict[str, dict[str, int]], keep) -> list[tuple[str, str, int]]:
+    return [(qid, docid, rel) for qid, judged in qrels.items() for docid, rel in judged.items() if keep(qid, docid)]
 
 
 def hold_out(*, data_dir: str, out_dir: str, fraction: float, seed: int = 0, splits: Sequence[str] = ("dev",)) -> dict:
-    from gr_jax.data.readers import open_dataset, write_tsv
+    from gr_jax.data.readers import open_dataset, write_qrels, write_tsv
     if not 0.0 < fraction < 1.0:
         raise ValueError(f"--fraction must be in (0, 1), got {fraction}")
     dataset = open_dataset(data_dir)
@@ -57,11 +56,11 @@ def hold_out(*, data_dir: str, out_dir: str, fraction: float, seed: int = 0, spl
         write_tsv(out / f"queries.{split}.tsv", dataset.queries(split))
         qrels = dataset.qrels(split)
         if split == "train":
-            lines = _qrels_lines(qrels, lambda qid, docid: docid not in held_ids)
+            lines = _judgements(qrels, lambda qid, docid: docid not in held_ids)
             counts["train_judgements_dropped"] = sum(map(len, qrels.values())) - len(lines)
         else:
-            lines = _qrels_lines(qrels, lambda qid, docid: True)
-        write_tsv(out / f"qrels.{split}.tsv", lines)
+            lines = _judgements(qrels, lambda qid, docid: True)
+        write_qrels(out / f"qrels.{split}.tsv", lines)
     for split in splits:
         qrels = dataset.qrels(split)
         relevant = {qid: {d for d, rel in judged.items() if rel > 0} for qid, judged in qrels.items()}
@@ -70,7 +69,7 @@ def hold_out(*, data_dir: str, out_dir: str, fraction: float, seed: int = 0, spl
         for kind in ("new", "seen"):
             wanted = {qid for qid, k in kinds.items() if k == kind}
             write_tsv(out / f"queries.{split}_{kind}.tsv", ((q, t) for q, t in dataset.queries(split) if q in wanted))
-            write_tsv(out / f"qrels.{split}_{kind}.tsv", _qrels_lines(qrels, lambda qid, docid: qid in wanted))
+            write_qrels(out / f"qrels.{split}_{kind}.tsv", _judgements(qrels, lambda qid, docid: qid in wanted))
             counts[f"{split}_{kind}_queries"] = len(wanted)
         counts[f"{split}_mixed_queries"] = sum(k == "mixed" for k in kinds.values())
     vocabulary = pathlib.Path(data_dir) / "spm.model"

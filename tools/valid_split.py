@@ -5,39 +5,36 @@
 
 Model selection and fusion weights are chosen on `valid`, never on the split a result is reported on (docs/
 quality.md); MS MARCO-style data dirs ship only `train` and `dev`. The out dir (MS MARCO layout) holds the training
-queries and judgements less the chosen ones, which become `queries.valid.tsv` / `qrels.valid.tsv`; the collection
-and every other split are symbolic links to the original's files, so a large collection is not copied, and
-`spm.model` is copied. Prints one JSON line of counts, also written as `valid_split.json`.
+queries and judgements less the chosen ones, which become `queries.valid.tsv` / `qrels.valid.tsv`; every other
+file is a symbolic link to the original's (`gr_jax.data.training_view`, as `tools/distill` and `tools/train_fraction`
+make their data dirs), so a large collection is not copied. Prints one JSON line of counts, also written as
+`valid_split.json`.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
-import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from gr_jax.data.readers import open_dataset, write_tsv
+from gr_jax.data.readers import write_qrels, write_tsv
+from gr_jax.data.training_view import view_source, write_view
 from gr_jax.entry_point import run_tool
 
 SPLIT = "valid"
-VOCABULARY = "spm.model"
+VALID_FILES = (f"queries.{SPLIT}.tsv", f"qrels.{SPLIT}.tsv")
+REPORT = "valid_split.json"
 
 
 def valid_split(*, data_dir: str, out_dir: str, queries: int, seed: int = 0) -> dict[str, Any]:
     """Writes `out_dir` and returns its counts; refuses a data dir that already has a `valid` split."""
-    dataset = open_dataset(data_dir)
-    if dataset.layout != "msmarco":
-        raise ValueError(f"{data_dir}: valid_split reads and writes the MS MARCO layout only (found {dataset.layout})")
+    dataset = view_source(data_dir=data_dir, out_dir=out_dir, tool="valid_split")
     if SPLIT in dataset.splits():
         raise ValueError(f"{data_dir} already has a {SPLIT!r} split ({dataset.data_dir / 'queries.valid.tsv'})")
     out = pathlib.Path(out_dir)
-    if out.resolve() == pathlib.Path(data_dir).resolve():
-        raise ValueError("--out_dir must differ from --data_dir (the original is kept)")
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"--out_dir {out} is not empty: valid_split writes a new data dir")
     train = list(dataset.queries("train", setting=None))
@@ -47,22 +44,17 @@ def valid_split(*, data_dir: str, out_dir: str, queries: int, seed: int = 0) -> 
         raise ValueError(f"--queries must be in [1, {len(candidates) - 1}]: {data_dir}'s train split has "
                          f"{len(candidates)} judged queries, got {queries}")
     chosen = {candidates[i] for i in np.random.default_rng(seed).permutation(len(candidates))[:queries]}
-    out.mkdir(parents=True, exist_ok=True)
-    for name, keep in (("train", lambda qid: qid not in chosen), (SPLIT, lambda qid: qid in chosen)):
-        write_tsv(out / f"queries.{name}.tsv", [(qid, text) for qid, text in train if keep(qid)])
-        write_tsv(out / f"qrels.{name}.tsv", [(qid, "0", docid, str(rel)) for qid, docs in judged.items() if keep(qid)
-                                              for docid, rel in docs.items()])
-    source = dataset.data_dir.resolve()
-    linked = [dataset.collection_path.name] + [f"{kind}.{split}.tsv" for split in dataset.splits() if split != "train"
-                                               for kind in ("queries", "qrels")]
-    for name in linked:
-        if (source / name).is_file():
-            os.symlink(source / name, out / name)
-    if (source / VOCABULARY).is_file():  # a copy: writing a new vocabulary here must not replace the original's
-        shutil.copy(source / VOCABULARY, out / VOCABULARY)
+
+    def judgements(keep: Callable[[str], bool]) -> list[tuple[str, str, int]]:
+        return [(qid, docid, rel) for qid, docs in judged.items() if keep(qid) for docid, rel in docs.items()]
+
+    write_view(dataset=dataset, out_dir=out, queries=[(q, text) for q, text in train if q not in chosen],
+               judgements=judgements(lambda qid: qid not in chosen), own_files=(*VALID_FILES, REPORT))
+    write_tsv(out / VALID_FILES[0], [(q, text) for q, text in train if q in chosen])
+    write_qrels(out / VALID_FILES[1], judgements(lambda qid: qid in chosen))
     summary = {"data_dir": data_dir, "out_dir": out_dir, "seed": seed, "train_queries": len(train) - len(chosen),
-               "valid_queries": len(chosen), "linked": sorted(name for name in linked if (out / name).exists())}
-    (out / "valid_split.json").write_text(json.dumps(summary, indent=1))
+               "valid_queries": len(chosen)}
+    (out / REPORT).write_text(json.dumps(summary, indent=1))
     return summary
 
 

@@ -534,6 +534,12 @@ def write_tsv(path: PathLike, rows: Iterable[Sequence[str | int]]) -> int:
     return count
 
 
+
+def write_qrels(path: PathLike, judgements: Iterable[tuple[str, str, int]]) -> int:
+    """Writes `(qid, docid, relevance)` judgements as TREC qrels (`qid 0 docid rel`, what `read_qrels` reads) and
+    returns the number written."""
+    return write_tsv(path, ((qid, "0", docid, str(relevance)) for qid, docid, relevance in judgements))
+
 class DocumentLookup:
     """The texts of documents by position in the collection, without streaming it again for each lookup.
 

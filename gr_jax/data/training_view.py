@@ -1,13 +1,13 @@
 """A data dir that is another's with other training queries: the same documents, docids, vocabulary and evaluation
 splits (linked, not copied), its own `queries.train.tsv` and `qrels.train.tsv` (`tools/train_fraction`: a fraction
-of them; `tools/distill`: them plus labeled pseudo-queries)."""
+of them; `tools/distill`: them plus labeled pseudo-queries; `tools/valid_split`: them less a new valid split)."""
 from __future__ import annotations
 
 import os
 import pathlib
 from collections.abc import Iterable, Sequence
 
-from gr_jax.data.readers import PathLike, RetrievalDataset, open_dataset, write_tsv
+from gr_jax.data.readers import PathLike, RetrievalDataset, open_dataset, write_qrels, write_tsv
 
 TRAIN_FILES = ("queries.train.tsv", "qrels.train.tsv")
 
@@ -31,7 +31,7 @@ def write_view(*, dataset: RetrievalDataset, out_dir: PathLike, queries: Iterabl
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_tsv(out / TRAIN_FILES[0], queries)
-    write_tsv(out / TRAIN_FILES[1], ((qid, "0", docid, str(relevance)) for qid, docid, relevance in judgements))
+    write_qrels(out / TRAIN_FILES[1], judgements)
     for path in pathlib.Path(dataset.data_dir).resolve().iterdir():
         target = out / path.name
         if path.name in TRAIN_FILES or path.name in own_files or not path.is_file():
