@@ -55,8 +55,10 @@ class RunData(TrainingData, Protocol):
         input_vocabulary_dir`), None for the run's SentencePiece vocabulary; data that cannot raises ValueError."""
 
     def train_batches(self, *, docid_space: Optional[DocidSpace], batch_size: int, seed: int, start_batch: int,
-                      shard_index: int, num_shards: int) -> Iterator[dict]:
-        """This process's rows of the global training batches from `start_batch` on, as the model's features. An
+                      shard_index: int, num_shards: int, input_vocabulary_dir: Optional[str] = None
+                      ) -> Iterator[dict]:
+        """This process's rows of the global training batches from `start_batch` on, as the model's features, the
+        inputs tokenised as `register`'s `input_vocabulary_dir` says (given again here: the same value). An
         iterator that is also a `checkpoints.CheckpointableInput` has its state saved with every checkpoint and, on
         resume, is put back where the checkpoint left it from that state (`training.restore_input`) before it reads
         anything, so resuming takes time independent of `start_batch`; any other iterator must reach `start_batch`
@@ -73,8 +75,9 @@ class SeqioExamplesData:
     tf.data iterator (`pipeline.TrainBatches`)."""
 
     def train_batches(self: RunData, *, docid_space: Optional[DocidSpace], batch_size: int, seed: int,
-                      start_batch: int, shard_index: int, num_shards: int) -> Iterator[dict]:
-        del docid_space
+                      start_batch: int, shard_index: int, num_shards: int,
+                      input_vocabulary_dir: Optional[str] = None) -> Iterator[dict]:
+        del docid_space, input_vocabulary_dir  # the registered tasks hold both
         from gr_jax.data import pipeline  # TensorFlow: only for runs that train
         return pipeline.train_batches(
             mixture_or_task_name=self.mixture_name, batch_size=batch_size, input_length=self.input_length,
@@ -308,9 +311,11 @@ class Built(BuiltRun):
 
     def train_batches(self, *, start_batch: int) -> Iterator[dict]:
         """This process's share of the training batches from `start_batch` on (the dataset's `train_batches`)."""
+        tower = self.model.encoder_tower
         return self.experiment.dataset.train_batches(
             docid_space=self.docid_space, batch_size=self.experiment.batch_size, seed=self.experiment.seed,
-            start_batch=start_batch, shard_index=jax.process_index(), num_shards=jax.process_count())
+            start_batch=start_batch, shard_index=jax.process_index(), num_shards=jax.process_count(),
+            input_vocabulary_dir=tower.input_vocabulary_dir() if tower is not None else None)
 
     @property
     def tokens_per_batch(self) -> int:

@@ -142,6 +142,26 @@ def test_batches_are_a_function_of_the_batch_index_and_split_over_hosts(data_dir
     np.testing.assert_allclose(batch[SOFT_TARGET_MASS].sum(-1), (targets != PAD_ID).astype(np.float32), rtol=1e-6)
 
 
+def test_a_towers_wordpiece_tokenises_the_inputs_as_its_own_tokenizer_does(data_dir):
+    """With a tower encoder (MiniLM), host-made examples take its WordPiece ids, [CLS] first and [SEP] last, as the
+    tower's tokenizer.json makes them; the docid targets are unchanged."""
+    import tokenizers
+    from gr_jax.dense.towers import MiniLMTower
+    wordpiece = MiniLMTower().input_vocabulary_dir()
+    data = RankedListData(name="t", data_dir=str(data_dir), input_length=12, target_length=8, indexing=True)
+    source = data.train_batches(docid_space=_space(), batch_size=8, seed=0, start_batch=0, shard_index=0,
+                                num_shards=1, input_vocabulary_dir=wordpiece)
+    batch = next(source)
+    reference = tokenizers.Tokenizer.from_file(f"{wordpiece}/tokenizer.json")
+    reference.no_padding()
+    texts = {"cat": ["query one", "a cat"], "fox": ["query two", "a fox"]}
+    for row, target in zip(batch["encoder_input_tokens"], batch["decoder_target_tokens"]):
+        docid = _space().table.lookup(target)
+        ids = row[row != PAD_ID].tolist()
+        assert ids[0] == 101 and ids[-1] == 102  # [CLS] ... [SEP]
+        assert ids in [reference.encode(text).ids for text in texts.get(docid, [f"a {docid}"])], (docid, ids)
+
+
 MICRO = network.T5Config(vocab_size=32, emb_dim=16, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
                          head_dim=8, mlp_dim=32, dropout_rate=0.0)
 

@@ -75,7 +75,8 @@ class ExampleBatches:
 class HostExamplesData:
     """What a `gr_jax.experiment.RunData` whose examples are made on the host shares: no seqio task to register,
     and training batches of its `examples` (`ExampleBatches`). A subclass (a frozen dataclass with the RunData
-    fields) defines `examples` and `mixture_name`."""
+    fields) defines `examples` and `mixture_name`. `examples` is given the inputs' vocabulary: the run's
+    SentencePiece one, or the WordPiece one of a tower that encodes the inputs (`input_vocabulary_dir`)."""
 
     def examples(self, *, docid_space: Any, vocabulary: Any) -> Examples:
         raise NotImplementedError
@@ -85,16 +86,24 @@ class HostExamplesData:
         raise NotImplementedError
 
     def register(self, docid_space: Any, *, input_vocabulary_dir: Optional[str] = None) -> list[str]:
-        del docid_space
-        if input_vocabulary_dir is not None:
-            raise ValueError(f"{self.mixture_name}: host-made examples are tokenised with the run's SentencePiece "
-                             f"vocabulary, not {input_vocabulary_dir}'s: no tower encoder here")
+        del docid_space, input_vocabulary_dir  # nothing to register: `train_batches` tokenises
         return []
 
     def train_batches(self, *, docid_space: Any, batch_size: int, seed: int, start_batch: int, shard_index: int,
-                      num_shards: int) -> Iterator[dict[str, np.ndarray]]:
-        examples = self.examples(docid_space=docid_space, vocabulary=load_vocabulary(vocabulary_file(self)))
+                      num_shards: int, input_vocabulary_dir: Optional[str] = None
+                      ) -> Iterator[dict[str, np.ndarray]]:
+        examples = self.examples(docid_space=docid_space,
+                                 vocabulary=input_vocabulary(self, input_vocabulary_dir=input_vocabulary_dir))
         logger.info("%s: %d examples (summed weight %.1f)", self.mixture_name, len(examples),
                     float(examples.weights.sum()))
         return ExampleBatches(examples=examples, batch_size=batch_size, seed=seed).batches(
             start_batch=start_batch, shard_index=shard_index, num_shards=num_shards)
+
+
+def input_vocabulary(data: Any, *, input_vocabulary_dir: Optional[str]) -> Any:
+    """What `data`'s inputs are tokenised with: the WordPiece vocabulary of `input_vocabulary_dir` (a tower's), else
+    the run's SentencePiece vocabulary (`data.vocabulary_path` or the data dir's)."""
+    if input_vocabulary_dir is None:
+        return load_vocabulary(vocabulary_file(data))
+    from gr_jax.data.wordpiece import WordPieceVocabulary  # seqio: only for runs with a WordPiece tower
+    return WordPieceVocabulary(input_vocabulary_dir)

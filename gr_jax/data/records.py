@@ -326,9 +326,9 @@ class PreprocessedData:
 
     def register(self, docid_space: Any, *, input_vocabulary_dir: Optional[str] = None) -> list[str]:
         """Registers nothing and reads nothing: evaluation and search use only the source's files (a model dir copied
-        without its training examples still evaluates). What the directory must match is remembered for `check`,
-        which training runs before it reads."""
-        object.__setattr__(self, "_input_vocabulary_dir", input_vocabulary_dir)
+        without its training examples still evaluates). What the directory must match is checked by `check`, which
+        training runs before it reads."""
+        del docid_space, input_vocabulary_dir
         return []
 
     def check(self, docid_space: Any, *, input_vocabulary_dir: Optional[str] = None) -> None:
@@ -350,8 +350,9 @@ class PreprocessedData:
                              "(the data dir was rebuilt since): preprocess again")
 
     def train_batches(self, *, docid_space: Any, batch_size: int, seed: int, start_batch: int, shard_index: int,
-                      num_shards: int) -> Iterator[dict[str, np.ndarray]]:
-        self.check(docid_space, input_vocabulary_dir=getattr(self, "_input_vocabulary_dir", None))
+                      num_shards: int, input_vocabulary_dir: Optional[str] = None
+                      ) -> Iterator[dict[str, np.ndarray]]:
+        self.check(docid_space, input_vocabulary_dir=input_vocabulary_dir)
         return RecordBatches(manifest=self.manifest, batch_size=batch_size, seed=seed,
                              input_length=self.input_length, target_length=self.target_length).batches(
             start_batch=start_batch, shard_index=shard_index, num_shards=num_shards)
