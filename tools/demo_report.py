@@ -56,8 +56,9 @@ def report(*, bm25: dict, dense: dict, generative: dict, gdr: Optional[dict], st
             ("dense: MiniLM zero-shot", dense,
              "all-MiniLM-L6-v2 as shipped: cosine of the definition's vector and each document's, no training"),
             ("generative: MiniLM + tiny T5", generative,
-             f"frozen MiniLM encoder, tiny T5.1.1 decoder ({trained} from scratch): one decoding step over "
-             "docids whose output columns are the documents' MiniLM vectors")]
+             f"frozen MiniLM encoder, tiny T5.1.1 decoder ({trained} from scratch, each definition's target "
+             "its document and, at lower weights, MiniLM's next-ranked ones): one decoding step over docids "
+             "whose output columns are the documents' MiniLM vectors")]
     if gdr is not None:
         gdr_trained = f"trained {gdr_steps} steps" if gdr_steps is not None else "trained"
         rows.append(("GDR: MiniLM + cluster decoder", gdr,

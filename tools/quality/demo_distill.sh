@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# docs/quality.md, "Distillation into the demo's model": the demo's generative model (experiments/
+# wordnet_document_vectors.gin) on WordNet noun.food c93, trained on ranked lists whose first docid is the training
+# definition's synset and the next ones zero-shot MiniLM's top documents for it (RANKED_RUN, RANKING_DEPTH in all),
+# as trie-marginalised soft targets mu(r) = 1/r^beta (ranking/trie.gin: for one-token atomic docids a soft target
+# over the list's documents), plus every document's text -> its docid (INDEXING). Against the same model on row 2a's
+# seqio mixture and on the ranked lists without a teacher (NTP). 500 steps, valid MRR@10 every 50 (select.gin).
+# Inputs 48 WordPiece tokens: ranked lists refuse to cut a query, and the longest training definition has 47.
+# Needs runs/quality/minilm_zs (docs/quality.md) with its TREC run of the training definitions and its document
+# vectors. About 6 minutes a cell on the 2-core host alone.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PY=.venv/bin/python
+D=data/wordnet_food_c93
+OUT=${OUT:-runs/quality/demo_distill}
+TEACHER=${TEACHER:-runs/quality/minilm_zs}
+CELLS=${CELLS:-"base ntp trie2 trie1"}
+SEED=${SEED:-0}   # a second seed: SEED=1 OUT=runs/quality/demo_distill_s1
+mkdir -p "$OUT"
+COMMON=(--gin_file=experiments/wordnet_document_vectors.gin)
+SETTINGS=(--gin_file=runs/select.gin --gin.DATA_DIR="'$D'" --gin.DATASET_NAME="'wordnet_food_c93'"
+  --gin.DOCUMENT_VECTORS="'$TEACHER.document_vectors.npy'" --gin.INPUT_LENGTH=48 --gin.TRAIN_STEPS=500
+  --gin.EVAL_EVERY=50 --gin.PATIENCE=None --gin.training.train.progress=False --gin.experiment.Experiment.seed=$SEED)
+LISTS=(--gin_file=ranking/ranked_lists.gin --gin.INDEXING=True)
+TEACHER_LISTS=(--gin_file=ranking/trie.gin --gin.RANKED_RUN="'$TEACHER/run.train.0.trec'" --gin.RANKING_DEPTH=10)
+for cell in $CELLS; do
+  case $cell in
+    base) EXTRA=() ;;
+    ntp) EXTRA=("${LISTS[@]}") ;;
+    trie2) EXTRA=("${LISTS[@]}" "${TEACHER_LISTS[@]}" --gin.BETA=2.0) ;;
+    trie1) EXTRA=("${LISTS[@]}" "${TEACHER_LISTS[@]}" --gin.BETA=1.0) ;;
+    *) echo "unknown cell $cell" >&2; exit 1 ;;
+  esac
+  [ -f $OUT/$cell/final_metrics.json ] || $PY -m gr_jax.train "${COMMON[@]}" "${EXTRA[@]}" "${SETTINGS[@]}" \
+    --gin.MODEL_DIR="'$OUT/$cell'" > $OUT/$cell.train.json 2> $OUT/$cell.train.log
+done
