@@ -15,15 +15,7 @@ for split in valid dev; do
   [ -f $OUT/bm25.$split.trec ] || $PY -m gr_jax.tools.bm25 --data_dir $D --split $split \
     --run_file $OUT/bm25.$split.trec > $OUT/bm25.$split.json
 done
-[ -d $OUT/minilm_zs ] || $PY -m gr_jax.train --gin_file=dense/minilm.gin --gin.DATA_DIR="'$D'" \
-  --gin.MODEL_DIR="'$OUT/minilm_zs'" --gin.TRAIN_STEPS=0 --gin.DOCUMENT_LENGTH=$DOCUMENT_LENGTH \
-  --gin.training.EvalConfig.every_steps=-1 > $OUT/minilm_zs.train.json 2> $OUT/minilm_zs.train.log
-for split in valid dev; do
-  [ -f $OUT/minilm_zs.$split.json ] || $PY -m gr_jax.eval --gin_file=$OUT/minilm_zs/config.gin \
-    --gin.EVAL_SPLIT="'$split'" --gin.training.EvalConfig.num_beams=100 > $OUT/minilm_zs.$split.json 2> $OUT/minilm_zs.$split.log
-done
-[ -f $OUT/minilm_zs.document_vectors.npy ] || $PY -m gr_jax.tools.document_vectors --data_dir $D \
-  --index_dir $OUT/minilm_zs/index/0 --out $OUT/minilm_zs.document_vectors.npy
+DATA=$D OUT=$OUT DOCUMENT_LENGTH=$DOCUMENT_LENGTH tools/quality/minilm_zero_shot.sh
 timeout 3600 $PY -m gr_jax.train --gin_file=experiments/wordnet_document_vectors.gin --gin_file=runs/select.gin \
   --gin.DATA_DIR="'$D'" --gin.DATASET_NAME="'$(basename $D)'" \
   --gin.DOCUMENT_VECTORS="'$OUT/minilm_zs.document_vectors.npy'" --gin.MODEL_DIR="'$OUT/gr_document_vectors'" \
