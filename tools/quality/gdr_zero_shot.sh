@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# docs/quality.md, "GDR on the zero-shot tower": GDR whose query tower is zero-shot all-MiniLM-L6-v2, frozen, so the
+# cluster decoder is the only part that learns from the training definitions (on the fine-tuned teacher's tower the
+# tower had learnt from them already). 64 clusters (8 x 8) of the zero-shot document vectors on WordNet noun.food
+# c93, a tiny T5.1.1 cluster decoder, 300 steps; then valid MRR@10 at step 300 for clusters recalled x lambda (the
+# weight of log p(cluster | q) beside S / tau). 64 clusters at lambda 0 is the dense-only ranking (zero-shot
+# MiniLM's). Needs runs/quality/minilm_zs (docs/quality.md). About 10 minutes beside another run.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PY=.venv/bin/python
+D=data/wordnet_food_c93
+OUT=${OUT:-runs/quality}
+R=$OUT/gdr_zs_frozen
+[ -d $OUT/gdr_index_zs ] || $PY -m gr_jax.tools.gdr_index build --index_dir $OUT/minilm_zs/index/0 --branching 8,8 \
+  --out_dir $OUT/gdr_index_zs > $OUT/gdr_index_zs.json
+[ -f $R/final_metrics.json ] || $PY -m gr_jax.train --gin_file=gdr/minilm.gin --gin_file=models/t5_1_1/tiny.gin \
+  --gin.DATA_DIR="'$D'" --gin.GDR_INDEX="'$OUT/gdr_index_zs'" --gin.MODEL_DIR="'$R'" --gin.TRAIN_STEPS=300 \
+  --gin.TRAIN_QUERY_TOWER=False --gin.QUERY_LENGTH=32 --gin.WARMUP_STEPS=20 \
+  --gin.training.EvalConfig.every_steps=-1 --gin.training.train.progress=False > $R.train.json 2> $R.train.log
+for clusters in 64 32 20 10; do
+  for weight in 0.0 0.25 0.5 1.0; do
+    CELL=$R.valid.c$clusters.w$weight.json
+    [ -f $CELL ] || $PY -m gr_jax.eval --gin_file=$R/config.gin --gin.EVAL_SPLIT="'valid'" \
+      --gin.CLUSTERS_RECALLED=$clusters --gin.CLUSTER_WEIGHT=$weight > $CELL 2> /dev/null
+  done
+done
