@@ -144,7 +144,8 @@ def test_batches_are_a_function_of_the_batch_index_and_split_over_hosts(data_dir
 
 def test_a_towers_wordpiece_tokenises_the_inputs_as_its_own_tokenizer_does(data_dir):
     """With a tower encoder (MiniLM), host-made examples take its WordPiece ids, [CLS] first and [SEP] last, as the
-    tower's tokenizer.json makes them; the docid targets are unchanged."""
+    tower's tokenizer.json makes them: each row's input is the text of its example (a query whose top document is
+    the target, or the target document's own text)."""
     import tokenizers
     from gr_jax.dense.towers import MiniLMTower
     wordpiece = MiniLMTower().input_vocabulary_dir()
