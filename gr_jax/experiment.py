@@ -18,6 +18,7 @@ import numpy as np
 from gr_jax import losses
 from gr_jax import network
 from gr_jax import warm_start
+from gr_jax.data.examples import input_vocabulary
 from gr_jax.data.fingerprint import input_fingerprint
 from gr_jax.dense.towers import Tower
 from gr_jax.docids import DocidSpace
@@ -241,8 +242,7 @@ class Experiment(GenerativeFamily):
                             model_vocab_size=docid_space.model_vocab_size if docid_space else vocabulary.vocab_size,
                             docid_token_range=docid_space.docid_token_range if docid_space else None)
         if input_vocabulary_dir is not None:
-            from gr_jax.data.wordpiece import WordPieceVocabulary  # seqio: only for runs with a WordPiece tower
-            return WordPieceVocabulary(input_vocabulary_dir), docid_space, model
+            vocabulary = input_vocabulary(self.dataset, input_vocabulary_dir=input_vocabulary_dir)
         return vocabulary, docid_space, model
 
     def build(self, *, keep_checkpoints: int = 3) -> Built:
@@ -311,11 +311,10 @@ class Built(BuiltRun):
 
     def train_batches(self, *, start_batch: int) -> Iterator[dict]:
         """This process's share of the training batches from `start_batch` on (the dataset's `train_batches`)."""
-        tower = self.model.encoder_tower
         return self.experiment.dataset.train_batches(
             docid_space=self.docid_space, batch_size=self.experiment.batch_size, seed=self.experiment.seed,
             start_batch=start_batch, shard_index=jax.process_index(), num_shards=jax.process_count(),
-            input_vocabulary_dir=tower.input_vocabulary_dir() if tower is not None else None)
+            input_vocabulary_dir=self.experiment.input_vocabulary_dir())
 
     @property
     def tokens_per_batch(self) -> int:
