@@ -166,6 +166,19 @@ def contrastive_consistency(states_a: Array, states_b: Array, valid: Array, *, t
     return (0.5 * (per_state[:, :batch] + per_state[:, batch:])).T  # [B, L]
 
 
+def target_cross_entropy(out: Outputs, *, z_loss: float) -> tuple[Array, Array]:
+    """Each position's cross entropy plus t5x's z-loss (total [batch, length], z-loss part [batch, length]) against
+    `out`'s soft targets where it has them, else one-hot on its columns; NaN where the target is invalid (a weighted
+    NaN makes the loss NaN rather than train on a token the head cannot score). Unweighted."""
+    if out.soft_columns is None:
+        token_loss, z = cross_entropy_with_z_loss(out.logits, out.columns, z_loss=z_loss)
+    else:
+        if out.soft_mass is None:
+            raise ValueError("Outputs has soft_columns without their soft_mass")
+        token_loss, z = soft_cross_entropy_with_z_loss(out.logits, out.soft_columns, out.soft_mass, z_loss=z_loss)
+    return jnp.where(out.invalid, jnp.nan, token_loss), z
+
+
 @dataclasses.dataclass(frozen=True)
 class TokenCrossEntropy:
     """Cross entropy of every weighted target token plus t5x's z-loss (`z_loss` = 1e-4, t5x's default): against
@@ -181,14 +194,7 @@ class TokenCrossEntropy:
 
     def __call__(self, passes: Sequence[Outputs]) -> tuple[Array, dict[str, metrics_lib.AnyMetric]]:
         (out,) = passes
-        if out.soft_columns is None:
-            token_loss, z = cross_entropy_with_z_loss(out.logits, out.columns, z_loss=self.z_loss)
-        else:
-            if out.soft_mass is None:
-                raise ValueError("Outputs has soft_columns without their soft_mass")
-            token_loss, z = soft_cross_entropy_with_z_loss(out.logits, out.soft_columns, out.soft_mass,
-                                                           z_loss=self.z_loss)
-        token_loss = jnp.where(out.invalid, jnp.nan, token_loss)
+        token_loss, z = target_cross_entropy(out, z_loss=self.z_loss)
         weights = out.weights
         correct = (jnp.argmax(out.logits, axis=-1) == out.columns).astype(jnp.float32)
         seq_correct = jnp.all((correct > 0) | (weights == 0), axis=-1).astype(jnp.float32)

@@ -105,6 +105,11 @@ class EncoderDecoderModel:
         logits, states = cast(tuple[Array, Array], self.module.apply(
             {"params": params}, batch["encoder_input_tokens"], batch["decoder_input_tokens"],
             enable_dropout=dropout_rng is not None, return_states=True, rngs=rngs))
+        return self.teacher_forced_outputs(logits, states, batch)
+
+    def teacher_forced_outputs(self, logits: Array, states: Optional[Array], batch: Batch) -> losses.Outputs:
+        """What a loss sees of a teacher-forced pass's logits [B, length, columns] and states over `batch`: each
+        target's column, weight and validity, and the batch's soft targets where it has them."""
         length = logits.shape[1]
         columns, weights, invalid = self._columns_and_weights(batch, length=length)
         soft_columns = soft_mass = None

@@ -1,5 +1,6 @@
 """GDR: cluster ids, the clustered index against brute force, the loss by hand, training batches, and a run through
 the entry points that adds documents without training."""
+import dataclasses
 import json
 
 import jax
@@ -347,6 +348,110 @@ def test_batches_are_seeded_their_targets_the_positives_clusters_and_negatives_t
         real = negatives[negatives >= 0]
         assert row not in real and (clusters[real] == clusters[row]).all()
         assert len(real) == min(3, int((clusters == clusters[row]).sum()) - 1)
+
+
+def test_a_teachers_ranking_gives_soft_cluster_targets_by_hand(spm_data_dir, dense_run, tmp_path):
+    """With token_targets, a labeled query's target is the trie targets over its ranked list's clusters: positive
+    first (mass 1), then the run's other documents (1/2, 1/3 at beta 1); a cluster holds its documents' mass.
+    Indexing examples stay one-hot; a run naming documents the index lacks is refused naming the run."""
+    from gr_jax.data.features import SOFT_TARGET_MASS, SOFT_TARGET_TOKENS
+    from gr_jax.data.pairs import labeled_queries
+    from gr_jax.dense.towers import SentencePieceTokenizer
+    from gr_jax.gdr.data import GdrBatchSource, GdrData, training_examples
+    from gr_jax.ranking.data import TrieTargets
+    from gr_jax.tools import gdr_index
+    from gr_jax.vocabulary import load_vocabulary
+    gdr_index.main(["build", "--index_dir", str(dense_run / "index" / "0"), "--branching", "2,2",
+                    "--out_dir", str(tmp_path / "gidx")])
+    index = ClusteredIndex.load(tmp_path / "gidx")
+    clusters = index.clusters.assignment
+    dataset = open_dataset(spm_data_dir)
+    qrels = dataset.qrels("train")
+    # Each query's run: a cluster mate of its first positive (when it has one), a document of another cluster, then
+    # that positive again. Example (q, d)'s list: d, q's other judged documents, then the run's, 3 in all.
+    run = []
+    for qid, judged in qrels.items():
+        positive = index.rows_of([next(iter(judged))])[0]
+        mates = [r for r in np.flatnonzero(clusters == clusters[positive]) if r != positive]
+        other = int(np.flatnonzero(clusters != clusters[positive])[0])
+        ranked = index.docid_strings([*mates[:1], other, positive])
+        run += [f"{qid} Q0 {docid} {rank} {10 - rank} t" for rank, docid in enumerate(ranked, 1)]
+    by_query: dict = {}
+    for line in run:
+        qid, _, docid, *_ = line.split()
+        by_query.setdefault(qid, []).append(docid)
+    labeled = labeled_queries(dataset=dataset, split="train", known_docids=index, first_relevant_only=False)
+    expected = []
+    for qid, docid in zip(labeled.qids, labeled.docids):
+        judged = [d for d, grade in qrels[qid].items() if grade > 0 and d in index]
+        ranked = list(dict.fromkeys([docid, *judged, *by_query[qid]]))[:3]
+        mass: dict = {}
+        for rank, row in enumerate(index.rows_of(ranked).tolist(), 1):
+            mass[int(clusters[row])] = mass.get(int(clusters[row]), 0.0) + 1 / rank
+        expected.append({c: m / sum(mass.values()) for c, m in mass.items()})
+    (tmp_path / "run.trec").write_text("\n".join(run) + "\n")
+    data = GdrData(name="f", data_dir=str(spm_data_dir), index_dir=str(tmp_path / "gidx"), input_length=8,
+                   token_targets=TrieTargets(beta=1.0, max_children=4), run_file=str(tmp_path / "run.trec"), depth=3)
+    examples = training_examples(data=data, index=index)
+    tokens = np.arange(index.clusters.num_clusters * 3).reshape(-1, 3) + 100  # each cluster's own first token
+    source = GdrBatchSource(data=data, index=index, examples=examples, cluster_tokens=tokens,
+                            tokenizer=SentencePieceTokenizer(load_vocabulary(spm_data_dir / "spm.model")),
+                            batch_size=19, seed=0)
+    batch = source.batch(0)
+    checked = 0
+    for i, example in enumerate(source.example_indices(0).tolist()):
+        soft_tokens, soft_mass = batch[SOFT_TARGET_TOKENS][i], batch[SOFT_TARGET_MASS][i]
+        target = batch["decoder_target_tokens"][i]
+        np.testing.assert_array_equal(soft_tokens[1:, 0], target[1:])  # below the first step: the positive's path
+        np.testing.assert_allclose(soft_mass[1:].sum(-1), 1.0)
+        np.testing.assert_allclose(soft_mass[1:, 0], 1.0)
+        if example >= len(expected):  # an indexing example: one-hot
+            assert soft_tokens[0, 0] == target[0] and soft_mass[0, 0] == 1.0
+            continue
+        got = {int((t - 100) // 3): float(m) for t, m in zip(soft_tokens[0], soft_mass[0]) if m > 0}
+        want = expected[example]
+        assert got.keys() == want.keys() and all(got[c] == pytest.approx(want[c], rel=1e-6) for c in want)
+        checked += 1
+    assert checked == 9
+
+    (tmp_path / "bad.trec").write_text("1 Q0 nowhere 1 1.0 t\n")
+    with pytest.raises(DataFormatError, match="bad.trec: query '1' ranks 1 documents that are not in"):
+        training_examples(data=dataclasses.replace(data, run_file=str(tmp_path / "bad.trec")), index=index)
+    with pytest.raises(ValueError, match="set token_targets"):
+        GdrData(name="f", data_dir=str(spm_data_dir), index_dir=str(tmp_path / "gidx"), run_file="run.trec")
+
+
+def test_soft_cluster_targets_reach_the_gdr_loss():
+    """GdrModel's L_inter is the cross entropy against the batch's soft targets where it has them: by hand from
+    the model's own logits, and one-hot soft targets give the one-hot loss."""
+    from gr_jax.data.features import SOFT_TARGET_MASS, SOFT_TARGET_TOKENS
+    from gr_jax.gdr.model import GdrNetwork
+    model = GdrModel(config=MICRO, document_dim=16, gdr_loss=GdrLoss(z_loss=0.0))
+    params = jax.jit(lambda: model.init(jax.random.PRNGKey(1), input_length=6, target_length=3))()["params"]
+    batch = micro_batch(np.random.default_rng(2))
+    b, length = batch["decoder_target_tokens"].shape
+    one_hot_tokens = np.zeros((b, length, 2), np.int32)
+    one_hot_tokens[..., 0] = batch["decoder_target_tokens"]
+    one_hot_mass = np.zeros((b, length, 2), np.float32)
+    one_hot_mass[..., 0] = 1.0
+    soft_tokens, soft_mass = one_hot_tokens.copy(), one_hot_mass.copy()
+    soft_tokens[:, 0, 1] = 5 + (batch["decoder_target_tokens"][:, 0] - 5 + 1) % 4  # another cluster's first digit
+    soft_mass[:, 0] = [0.75, 0.25]
+
+    def inter(tokens, mass):
+        with_targets = {**batch, SOFT_TARGET_TOKENS: tokens, SOFT_TARGET_MASS: mass}
+        return float(jax.jit(model.loss_fn)(params, with_targets, None)[1]["inter_loss"].total)
+
+    logits = np.asarray(jax.jit(lambda p: model.module.apply(
+        {"params": p}, batch["encoder_input_tokens"], batch["decoder_input_tokens"],
+        method=GdrNetwork.train_outputs)[0])(params))
+    log_p = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    by_hand = -sum(float(m) * log_p[i, t, tok] for i in range(b) for t in range(length)
+                   for tok, m in zip(soft_tokens[i, t], soft_mass[i, t]) if m > 0)
+    assert inter(soft_tokens, soft_mass) == pytest.approx(by_hand, rel=1e-5)
+    one_hot = float(jax.jit(model.loss_fn)(params, batch, None)[1]["inter_loss"].total)
+    assert inter(one_hot_tokens, one_hot_mass) == pytest.approx(one_hot, rel=1e-6)
+    assert abs(inter(soft_tokens, soft_mass) - one_hot) > 1e-3
 
 
 def test_gdr_trains_evaluates_and_takes_new_documents_without_training(spm_data_dir, dense_run, tmp_path, capsys):

@@ -153,7 +153,10 @@ def test_the_dense_run_encoder_gin_gives_minilm_with_the_dense_runs_weights():
      and list(gin.query_parameter("optimizers.make_optimizer.learning_rate_scales")) == ["tower/.*"]
      and gin.query_parameter("%TOWER_LEARNING_RATE_SCALE") == 0.02),
     (["gdr/train.gin", "models/t5_1_1/tiny.gin", "decoders/pawa.gin"],
-     lambda e: e.head == PawaHead()),
+     lambda e: e.head == PawaHead() and e.dataset.token_targets is None),
+    (["gdr/minilm.gin", "models/t5_1_1/tiny.gin", "ranking/trie.gin"],  # soft cluster targets of ranked lists
+     lambda e: type(e.dataset.token_targets).__name__ == "TrieTargets" and e.dataset.token_targets.beta == 2.0
+     and e.dataset.run_file is None and e.dataset.depth is None),
 ])
 def test_gdr_gins_bind_a_gdr_experiment_through_the_experiment_macro(gin_files, check):
     from gr_jax.gdr.experiment import GdrExperiment

@@ -10,6 +10,14 @@ Examples come from three sources, each a (text, document row of the clustered in
     (DSI's indexing task): how the generative stage learns the clusters of documents no query names.
 Documents' texts are read by row (`DocumentLookup`) when a batch needs them, never held in memory.
 
+Teacher targets (`token_targets`, SToICaL's trie targets of `gr_jax.ranking`): a labeled example's target becomes a
+soft one over the clusters of a ranked list, its positive first, then the other documents its query's list holds
+(judged ones by grade, then a teacher's TREC run of the training queries, `run_file`; `depth` documents in all).
+Document r has mass 1 / r^beta and a cluster the mass of its documents, renormalised at each step of the cluster
+id's trie: the decoder learns the positive's cluster and, below it, where the teacher (a dense retriever) finds the
+query's other near documents, for the clusters recalled at inference. d2q and indexing examples keep one-hot
+targets.
+
 Batches are a pure function of (seed, batch index), as the dual encoder's (`gr_jax.dense.data`): batch b holds
 examples b*B .. b*B + B - 1 of an endless sequence of seeded epoch permutations, and its negatives are drawn from a
 generator seeded by (seed, b); resuming costs nothing and every host computes the same global batch and keeps its
@@ -21,6 +29,8 @@ Batch features (numpy, leading dimension the host's share of the global batch):
     decoder_input_tokens, decoder_target_tokens, decoder_loss_weights int32[b, target_length]   its cluster id
     positive_row int32[b], positive_vector float32[b, dim]
     negative_rows int32[b, M], negative_vectors float32[b, M, dim]
+    with token_targets: decoder_soft_target_tokens int32[b, target_length, K], decoder_soft_target_mass float32
+    (`gr_jax.data.features`)
 """
 from __future__ import annotations
 
@@ -30,21 +40,23 @@ import itertools
 import json
 import logging
 import pathlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Optional
 
 import numpy as np
 
 from gr_jax.data.batches import SeededEpochs, sharded_batches
 from gr_jax.data.d2q import iter_passage_queries
-from gr_jax.data.features import decoder_inputs
+from gr_jax.data.features import SOFT_TARGET_MASS, SOFT_TARGET_TOKENS, decoder_inputs
 from gr_jax.data.pairs import labeled_queries
-from gr_jax.data.readers import DocumentLookup, open_dataset
+from gr_jax.data.readers import DataFormatError, DocumentLookup, RetrievalDataset, open_dataset
 from gr_jax.data.string_arrays import string_array
 from gr_jax.dense.data import CorpusDocuments
 from gr_jax.dense.towers import Tokenizer
 from gr_jax.gdr import index as gdr_index
 from gr_jax.gdr.index import ClusteredIndex
+from gr_jax.ranking.data import TrieTargets, one_hot_targets, ranked_lists
+from gr_jax.ranking.targets import trie_targets
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +67,9 @@ _D2Q_PASSAGES_AT_ONCE = 65_536  # passages whose synthetic queries are read into
 @dataclasses.dataclass(frozen=True)
 class GdrData:
     """Where a GDR run's data come from (see the module docstring). index_dir: the clustered index
-    (`python -m gr_jax.tools.gdr_index`), whose documents must be the data dir's collection."""
+    (`python -m gr_jax.tools.gdr_index`), whose documents must be the data dir's collection. token_targets: soft
+    targets over the clusters of each labeled query's ranked list (None: one-hot on the positive's cluster), with
+    run_file (a teacher's TREC run of `train_split`'s queries) and depth (the list's length) shaping that list."""
     name: str
     data_dir: str
     index_dir: str
@@ -67,8 +81,16 @@ class GdrData:
     d2q_path: Optional[str] = None
     d2q_queries_per_passage: Optional[int] = None
     vocabulary_path: Optional[str] = None
+    token_targets: Optional[TrieTargets] = None
+    run_file: Optional[str] = None
+    depth: Optional[int] = None
 
     def __post_init__(self):
+        if self.token_targets is None and (self.run_file is not None or self.depth is not None):
+            raise ValueError("run_file and depth shape the ranked lists of soft targets: set token_targets too (with "
+                             "one-hot targets they would be read for nothing)")
+        if self.depth is not None and self.depth < 1:
+            raise ValueError(f"depth must be >= 1 or None, got {self.depth}")
         if self.input_length < 2 or self.num_cluster_negatives < 0:
             raise ValueError(f"input_length must be >= 2 and num_cluster_negatives >= 0, got {self.input_length} and "
                              f"{self.num_cluster_negatives}")
@@ -95,12 +117,15 @@ class Examples:
     """query_texts: StringDType[Q] (labeled and d2q queries: `gr_jax.data.string_arrays`, no Python object each);
     example_text: int64[E], an index into query_texts or -1 (the document's own text); example_row: int64[E], the
     positive's row in the clustered index; collection_row: int64[num index rows], each index row's row in the data
-    dir's collection (-1: an added document)."""
+    dir's collection (-1: an added document); ranked_rows: with token_targets, int64[num labeled examples, n], each
+    labeled example's ranked list as index rows, its positive first, -1 past the list's end (the labeled examples
+    are the first ones)."""
     query_texts: np.ndarray
     example_text: np.ndarray
     example_row: np.ndarray
     collection_row: np.ndarray
     counts: dict
+    ranked_rows: Optional[np.ndarray] = None
 
     def __len__(self) -> int:
         return len(self.example_row)
@@ -126,6 +151,10 @@ def training_examples(*, data: GdrData, index: ClusteredIndex) -> Examples:
     example_text.append(np.arange(len(labeled.texts), dtype=np.int64))
     example_row.append(index.rows_of(labeled.docids))
     counts["labeled"] = len(labeled.texts)
+    ranked_rows = None
+    if data.token_targets is not None:
+        ranked_rows = _ranked_rows(data=data, dataset=corpus.dataset, qids=labeled.qids, positives=labeled.docids,
+                                   index=index)
     if data.d2q_path is not None:
         start = num_texts = len(labeled.texts)
         passages = iter_passage_queries(data.d2q_path, docids_in_order=(d.decode() for d in corpus.docids),
@@ -148,7 +177,31 @@ def training_examples(*, data: GdrData, index: ClusteredIndex) -> Examples:
                          "indexing off)")
     logger.info("GDR training examples: %s", counts)
     return Examples(query_texts=np.concatenate(text_chunks), example_text=np.concatenate(example_text),
-                    example_row=example_row_all, collection_row=collection_row, counts=counts)
+                    example_row=example_row_all, collection_row=collection_row, counts=counts,
+                    ranked_rows=ranked_rows)
+
+
+def _ranked_rows(*, data: GdrData, dataset: RetrievalDataset, qids: Sequence[str], positives: Sequence[str],
+                 index: ClusteredIndex) -> np.ndarray:
+    """Examples.ranked_rows of the labeled examples (qids[i], positives[i]): the positive, then its query's other
+    ranked documents (`gr_jax.ranking.data.ranked_lists`), `depth` in all. A judged document the index lacks was
+    counted by `labeled_queries` and is left out; a run's document the index lacks is an error naming the run."""
+    lists = ranked_lists(dataset, split=data.train_split, run_file=data.run_file)
+    qrels = dataset.qrels(data.train_split)
+    rows_of_lists = []
+    for qid, positive in zip(qids, positives):
+        ranked = [positive] + [docid for docid in lists.get(qid, []) if docid != positive]
+        rows = index.rows_of(ranked)
+        unknown = [docid for docid, row in zip(ranked, rows.tolist()) if row < 0 and docid not in qrels[qid]]
+        if unknown:
+            raise DataFormatError(f"{data.run_file}: query {qid!r} ranks {len(unknown)} documents that are not in the "
+                                  f"clustered index {data.index_dir} (e.g. {unknown[0]!r}): a run of another corpus?")
+        rows = rows[rows >= 0][:data.depth]
+        rows_of_lists.append(rows)
+    out = np.full((len(rows_of_lists), max((len(rows) for rows in rows_of_lists), default=1)), -1, np.int64)
+    for i, rows in enumerate(rows_of_lists):
+        out[i, :len(rows)] = rows
+    return out
 
 
 class GdrBatchSource:
@@ -217,7 +270,7 @@ class GdrBatchSource:
                            self.data.input_length, queries.truncated, len(rows))
             self._reported_truncation = True
         targets = self.cluster_tokens[self.index.clusters.assignment[rows]]
-        return {
+        features = {
             "encoder_input_tokens": queries.ids.astype(np.int32),
             "decoder_input_tokens": decoder_inputs(targets).astype(np.int32),
             "decoder_target_tokens": targets.astype(np.int32),
@@ -227,6 +280,24 @@ class GdrBatchSource:
             "negative_rows": negatives.astype(np.int32),
             "negative_vectors": self.index.vectors(negatives),
         }
+        if self.data.token_targets is not None:
+            features[SOFT_TARGET_TOKENS], features[SOFT_TARGET_MASS] = self.soft_targets(examples, targets)
+        return features
+
+    def soft_targets(self, examples: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(int32[b, target_length, K], float32[b, target_length, K]): each example's soft targets (see the module
+        docstring); one-hot on `targets` for an example without a ranked list."""
+        spec = self.data.token_targets
+        ranked_rows = self.examples.ranked_rows
+        assert spec is not None and ranked_rows is not None, "soft targets need token_targets"
+        tokens, mass = one_hot_targets(targets, spec.max_children)
+        assignment = self.index.clusters.assignment
+        for i, example in enumerate(examples.tolist()):
+            if example < len(ranked_rows):
+                rows = ranked_rows[example]
+                tokens[i], mass[i] = trie_targets(self.cluster_tokens[assignment[rows[rows >= 0]]], rank=1,
+                                                  beta=spec.beta, max_children=spec.max_children)
+        return tokens, mass
 
     def batches(self, *, start_batch: int = 0, shard_index: int = 0, num_shards: int = 1,
                 prefetch: int = 2) -> Iterator[dict[str, np.ndarray]]:

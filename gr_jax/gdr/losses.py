@@ -3,6 +3,8 @@
 Per query q with positive document d+ (GDR-style: the paper file gives the terms, not their exact form):
 
     L_inter(q) = -log p(CID(d+) | q)                   the cluster id's sequence NLL (+ t5x's z-loss per token)
+                                                       or, with soft targets (a teacher's ranking, `gr_jax.gdr.data`),
+                                                       the cross entropy against them at each position
     L_intra(q) = -log  e^{s+} / (e^{s+} + sum_{N_r} e^{s} + w * sum_{N_a} e^{s}),     s = S(q, d) / tau
     L(q)       = inter_weight * L_inter(q) + intra_weight * L_intra(q)
 
@@ -78,8 +80,7 @@ class GdrLoss:
                  positive_rows: Array, negative_vectors: Array, negative_rows: Array,
                  temperature: float) -> tuple[Array, dict[str, AnyMetric]]:
         """(summed loss, metrics); `outputs` is the teacher-forced pass over the cluster ids."""
-        token_loss, z = losses.cross_entropy_with_z_loss(outputs.logits, outputs.columns, z_loss=self.z_loss)
-        token_loss = jnp.where(outputs.invalid, jnp.nan, token_loss)
+        token_loss, z = losses.target_cross_entropy(outputs, z_loss=self.z_loss)
         weights = outputs.weights
         inter = jnp.sum(token_loss * weights, axis=-1)  # [B]
         has_target = (jnp.sum(weights, axis=-1) > 0).astype(jnp.float32)

@@ -23,7 +23,6 @@ import jax
 import jax.numpy as jnp
 
 from gr_jax import decoding
-from gr_jax import losses
 from gr_jax import network
 from gr_jax.docids.trie import Trie
 from gr_jax.encoders.minilm import l2_normalize, mean_pool
@@ -114,11 +113,10 @@ class GdrModel(EncoderDecoderModel):
         logits, states, query_vectors = cast(tuple[Array, Array, Array], self.module.apply(
             {"params": params}, batch["encoder_input_tokens"], batch["decoder_input_tokens"],
             enable_dropout=dropout_rng is not None, rngs=rngs, method=GdrNetwork.train_outputs))
-        columns, weights, invalid = self._columns_and_weights(batch, length=logits.shape[1])
-        outputs = losses.Outputs(logits=logits, states=states, columns=columns, weights=weights, invalid=invalid)
-        return self.gdr_loss(outputs=outputs, query_vectors=query_vectors, positive_vectors=batch["positive_vector"],
-                             positive_rows=batch["positive_row"], negative_vectors=batch["negative_vectors"],
-                             negative_rows=batch["negative_rows"], temperature=self.temperature)
+        return self.gdr_loss(outputs=self.teacher_forced_outputs(logits, states, batch), query_vectors=query_vectors,
+                             positive_vectors=batch["positive_vector"], positive_rows=batch["positive_row"],
+                             negative_vectors=batch["negative_vectors"], negative_rows=batch["negative_rows"],
+                             temperature=self.temperature)
 
     def query_vectors(self, params, encoder_input_tokens: Array) -> Array:
         """r_q float32[B, document_dim] without dropout."""

@@ -82,8 +82,9 @@ def ranked_lists(dataset: RetrievalDataset, *, split: str, run_file: Optional[st
     return lists
 
 
-def _one_hot_rows(targets: np.ndarray, max_children: int) -> tuple[np.ndarray, np.ndarray]:
-    """Soft-target arrays that put all mass on the target token: [N, T, K] tokens and mass."""
+def one_hot_targets(targets: np.ndarray, max_children: int) -> tuple[np.ndarray, np.ndarray]:
+    """Soft-target arrays of targets int[N, T] that put all mass on the target token: [N, T, K] tokens and mass
+    (the rows of examples without a ranked list beside those with one)."""
     tokens = np.zeros(targets.shape + (max_children,), np.int32)
     mass = np.zeros(targets.shape + (max_children,), np.float32)
     tokens[..., 0] = targets
@@ -146,7 +147,7 @@ def ranked_list_examples(*, data: "RankedListData", docid_space: DocidSpace, voc
     k = data.token_targets.max_children
     soft_tokens, soft_mass = np.stack(soft_token_rows), np.stack(soft_mass_rows)
     if data.indexing:
-        extra_tokens, extra_mass = _one_hot_rows(targets[len(soft_tokens):], k)
+        extra_tokens, extra_mass = one_hot_targets(targets[len(soft_tokens):], k)
         soft_tokens, soft_mass = np.concatenate([soft_tokens, extra_tokens]), np.concatenate([soft_mass, extra_mass])
     return Examples(inputs=inputs, targets=targets, weights=weights, soft_tokens=soft_tokens, soft_mass=soft_mass)
 
@@ -187,5 +188,5 @@ class RankedListData(HostExamplesData):
         return ranked_list_examples(data=self, docid_space=docid_space, vocabulary=vocabulary)
 
 
-__all__ = ["ItemWeights", "RankedListData", "TrieTargets", "ranked_list_examples",
+__all__ = ["ItemWeights", "RankedListData", "TrieTargets", "one_hot_targets", "ranked_list_examples",
            "ranked_lists"]
