@@ -289,7 +289,8 @@ class GdrBatchSource:
         docstring); one-hot on `targets` for an example without a ranked list."""
         spec = self.data.token_targets
         ranked_rows = self.examples.ranked_rows
-        assert spec is not None and ranked_rows is not None, "soft targets need token_targets"
+        if spec is None or ranked_rows is None:
+            raise ValueError(f"{self.data.data_dir}: soft targets need token_targets and the examples' ranked lists")
         tokens, mass = one_hot_targets(targets, spec.max_children)
         assignment = self.index.clusters.assignment
         for i, example in enumerate(examples.tolist()):
