@@ -5,17 +5,29 @@
 # c93, a tiny T5.1.1 cluster decoder, 300 steps; then valid MRR@10 at step 300 for clusters recalled x lambda (the
 # weight of log p(cluster | q) beside S / tau). 64 clusters at lambda 0 is the dense-only ranking (zero-shot
 # MiniLM's). Needs runs/quality/minilm_zs (docs/quality.md). About 10 minutes beside another run.
+# TEACHER=1 ("The cluster decoder distilled from the dense retriever"): each training definition's cluster target
+# is a soft one over a ranked list, its synset first, then zero-shot MiniLM's next documents for it (DEPTH in all,
+# mass 1/r^BETA; ranking/trie.gin); needs minilm_zs's train run (minilm_zero_shot.sh with SPLITS="train valid").
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=.venv/bin/python
 D=data/wordnet_food_c93
 OUT=${OUT:-runs/quality}
 R=$OUT/gdr_zs_frozen
+OPTIONS=()
+if [ "${TEACHER:-0}" = 1 ]; then
+  SEED=${SEED:-0}
+  DEPTH=${DEPTH:-10}
+  BETA=${BETA:-2.0}
+  R=$OUT/gdr_zs_teacher_d${DEPTH}_b${BETA}_s$SEED
+  OPTIONS=(--gin_file=ranking/trie.gin --gin.RANKED_RUN="'$OUT/minilm_zs/run.train.0.trec'" --gin.RANKING_DEPTH=$DEPTH
+           --gin.BETA=$BETA --gin.experiment.GdrExperiment.seed=$SEED)
+fi
 [ -d $OUT/gdr_index_zs ] || $PY -m gr_jax.tools.gdr_index build --index_dir $OUT/minilm_zs/index/0 --branching 8,8 \
   --out_dir $OUT/gdr_index_zs > $OUT/gdr_index_zs.json
 [ -f $R/final_metrics.json ] || $PY -m gr_jax.train --gin_file=gdr/minilm.gin --gin_file=models/t5_1_1/tiny.gin \
-  --gin.DATA_DIR="'$D'" --gin.GDR_INDEX="'$OUT/gdr_index_zs'" --gin.MODEL_DIR="'$R'" --gin.TRAIN_STEPS=300 \
-  --gin.TRAIN_QUERY_TOWER=False --gin.QUERY_LENGTH=32 --gin.WARMUP_STEPS=20 \
+  "${OPTIONS[@]}" --gin.DATA_DIR="'$D'" --gin.GDR_INDEX="'$OUT/gdr_index_zs'" --gin.MODEL_DIR="'$R'" \
+  --gin.TRAIN_STEPS=300 --gin.TRAIN_QUERY_TOWER=False --gin.QUERY_LENGTH=32 --gin.WARMUP_STEPS=20 \
   --gin.training.EvalConfig.every_steps=-1 --gin.training.train.progress=False > $R.train.json 2> $R.train.log
 for clusters in 64 32 20 10; do
   for weight in 0.0 0.25 0.5 1.0; do
