@@ -169,10 +169,15 @@ def test_gdr_gins_bind_a_gdr_experiment_through_the_experiment_macro(gin_files, 
     assert (eval_config.num_beams, eval_config.depth) == (10, 100)  # 10 clusters recalled, 100 documents ranked
 
 
-def test_the_gdr_linear_decay_gin_warms_up_to_the_learning_rate_then_decays_to_zero_at_the_last_step():
-    gin_utils.parse_gin(gin_files=["gdr/minilm.gin", "models/t5_1_1/tiny.gin", "gdr/linear_decay.gin"],
-                        bindings=["MODEL_DIR = '/tmp/unused'", "DATA_DIR = '/tmp/data'", "GDR_INDEX = '/tmp/index'",
-                                  "TRAIN_STEPS = 300", "LEARNING_RATE = 3e-4", "WARMUP_STEPS = 100"])
+@pytest.mark.parametrize("family_gin, family_binding", [("gdr/minilm.gin", "GDR_INDEX = '/tmp/index'"),
+                                                         ("runs/train.gin", "DATASET_NAME = 'unused'"),
+                                                         ("dense/t5.gin", None)])
+def test_the_linear_decay_gin_warms_up_to_the_learning_rate_then_decays_to_zero_at_the_last_step(family_gin,
+                                                                                               family_binding):
+    """Any family reads the schedule from SCHEDULE: the same gin decays the generative, dense and GDR runs' rate."""
+    gin_utils.parse_gin(gin_files=[family_gin, "models/t5_1_1/tiny.gin", "schedules/linear_decay.gin"],
+                        bindings=["MODEL_DIR = '/tmp/unused'", "DATA_DIR = '/tmp/data'", "TRAIN_STEPS = 300",
+                                  "LEARNING_RATE = 3e-4", "WARMUP_STEPS = 100", *filter(None, [family_binding])])
     schedule = gin.query_parameter("%EXPERIMENT").scoped_configurable_fn().learning_rate
     assert [float(schedule(step)) for step in (0, 50, 100, 200, 300)] == pytest.approx(
         [0.0, 1.5e-4, 3e-4, 1.5e-4, 0.0], abs=1e-9)

@@ -26,7 +26,7 @@ if [ "$TEACHER" = 1 ]; then
 fi
 if [ -n "${PEAK:-}" ]; then  # AdamW at PEAK, warmed up 100 steps, then linear decay to 0 at STEPS (default: 1e-3 constant)
   R=${R}_lr$PEAK
-  TARGETS+=(--gin_file=gdr/linear_decay.gin --gin.LEARNING_RATE=$PEAK)
+  TARGETS+=(--gin_file=schedules/linear_decay.gin --gin.LEARNING_RATE=$PEAK)
 fi
 [ -f $R/final_metrics.json ] || $PY -m gr_jax.train --gin_file=gdr/minilm.gin --gin_file=models/t5_1_1/tiny.gin \
   "${TARGETS[@]}" --gin.DATA_DIR="'$D'" --gin.GDR_INDEX="'$OUT/gdr_index_zs'" --gin.MODEL_DIR="'$R'" \
