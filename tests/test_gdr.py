@@ -47,6 +47,21 @@ def test_cluster_ids_have_a_fixed_number_of_clusters_that_recover_the_blobs():
     assert (np.diff(np.ravel_multi_index(clusters.paths.T, (3, 2))) > 0).all()  # lexicographic order
 
 
+def test_given_groups_are_the_first_level_and_k_means_splits_each_of_them():
+    rng = np.random.default_rng(0)
+    points, blob = blobs(rng, centers=6, per_center=40)
+    groups = np.array([0, 1, 1, 0, 1, 0])[blob]  # three blobs a group, not the two k-means would draw
+    clusters = build_cluster_ids(embeddings=points, branching=(2, 3), seed=0, nredo=3, groups=groups)
+    assert clusters.num_clusters == 6 and clusters.sizes().tolist() == [40] * 6
+    assert np.array_equal(clusters.paths[clusters.assignment, 0], groups)
+    for c in range(6):  # below a group, k-means finds its three blobs
+        assert np.unique(blob[clusters.assignment == c]).size == 1
+    with pytest.raises(ValueError, match="each of 0..2"):
+        build_cluster_ids(embeddings=points, branching=(3, 2), groups=groups)  # group 2 holds nothing
+    with pytest.raises(ValueError, match="one per document"):
+        build_cluster_ids(embeddings=points, branching=(2, 3), groups=groups[:-1])
+
+
 def test_a_node_with_at_most_k_documents_is_not_split():
     points = np.random.default_rng(1).normal(size=(5, 4)).astype(np.float32)
     clusters = build_cluster_ids(embeddings=points, branching=(8, 5))
@@ -305,6 +320,34 @@ def dense_run(spm_data_dir, tmp_path_factory):
     gin.clear_config()
     dense_index.main(["--model_dir", str(model_dir)])
     return model_dir
+
+
+def test_gdr_index_build_takes_the_first_level_from_a_labels_file(dense_run, tmp_path):
+    from gr_jax.tools import gdr_index
+    docids = [d.decode() for d in CorpusIndex.load(dense_run / "index" / "0", expect=lambda m, p: None).docids]
+    labels = {d: ("odd", "even")[i % 2 == 0] for i, d in enumerate(docids)}
+    groups = tmp_path / "groups.tsv"
+    groups.write_text("".join(f"{d}\t{labels[d]}\n" for d in reversed(docids)))  # any order
+    report = gdr_index.main(["build", "--index_dir", str(dense_run / "index" / "0"), "--branching", "2",
+                             "--cluster_groups", str(groups), "--out_dir", str(tmp_path / "gidx")])
+    index = ClusteredIndex.load(tmp_path / "gidx")
+    assert report["branching"] == [2, 2] and index.manifest["clusters"]["source"]["groups"]["labels"] == ["even",
+                                                                                                        "odd"]
+    first = index.clusters.paths[index.clusters.assignment, 0]
+    assert first.tolist() == [["even", "odd"].index(labels[d]) for d in docids]
+
+    def refused(text, match):
+        groups.write_text(text)
+        with pytest.raises(DataFormatError, match=match):
+            gdr_index.build(index_dir=str(dense_run / "index" / "0"), out_dir=str(tmp_path / "no"), branching=(2,),
+                            cluster_groups=str(groups))
+        assert not (tmp_path / "no").exists()
+
+    lines = [f"{d}\t{labels[d]}\n" for d in docids]
+    refused("".join(lines[1:]), rf"groups\.tsv: no label for document '{docids[0]}'")
+    refused("".join(lines) + "stranger\todd\n", rf"groups\.tsv:{len(lines) + 1}: document 'stranger' is not in")
+    refused("".join(f"{d}\tall\n" for d in docids), r"one label \('all'\)")
+    refused(lines[0] + f"{docids[1]}\t \n", rf"groups\.tsv:2: document '{docids[1]}' has an empty label")
 
 
 def test_batches_are_seeded_their_targets_the_positives_clusters_and_negatives_their_cluster_mates(

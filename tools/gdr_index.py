@@ -1,14 +1,16 @@
 """Builds a GDR clustered index from a dense run's corpus index, or adds new documents to one without training.
 
     python -m gr_jax.tools.gdr_index build --index_dir DENSE_RUN/index/STEP --branching 16,8 --out_dir DIR
-        [--cluster_index_dir OTHER_RUN/index/STEP] [--seed 0] [--niter 20]
+        [--cluster_index_dir OTHER_RUN/index/STEP] [--cluster_groups groups.tsv] [--seed 0] [--niter 20]
     python -m gr_jax.tools.gdr_index add --gdr_index DIR --documents new.tsv [--out_dir DIR2] [--batch_size 64]
 
 `build`: the documents of `--index_dir` (a dense run's encoded collection, `gr_jax.tools.dense_index`) are the
 ones GDR ranks, by those vectors. Their clusters are fixed-depth hierarchical k-means (`--branching`: clusters per
 level; at most their product, whatever the corpus size) over the same vectors, or over `--cluster_index_dir`'s
-(another encoder of the same documents, e.g. zero-shot MiniLM: the paper's "-bert" cluster ids). Prints one JSON
-line: documents, clusters, their sizes, seconds.
+(another encoder of the same documents, e.g. zero-shot MiniLM: the paper's "-bert" cluster ids).
+`--cluster_groups` (`docid \\t label` for every document, e.g. WordNet's lexicographer file) makes the labels the
+first level, in sorted order, and `--branching` the k-means levels below it. Prints one JSON line: documents,
+clusters, their sizes, seconds.
 
 `add`: each document of `--documents` (the collection layout, `docid \\t text`) is encoded by the dense run that
 encoded the index (named in its manifest, rebuilt from its config.gin at the same step) and put in the cluster of
@@ -19,6 +21,7 @@ documents added, their clusters, encoding documents/s.
 from __future__ import annotations
 
 import argparse
+import pathlib
 import time
 from collections.abc import Sequence
 from typing import Optional
@@ -42,8 +45,31 @@ def _size_summary(sizes: np.ndarray) -> dict:
     return {"min": int(sizes.min()), "median": float(np.median(sizes)), "max": int(sizes.max())}
 
 
+def read_groups(path: str, *, docids: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    """(int32[N]: the group of each of `docids` bytes[N], the labels in sorted order): every docid needs a line of
+    `path`, and a line of a document the index does not hold is an error naming it."""
+    from gr_jax.data.readers import DataFormatError, read_document_labels
+    from gr_jax.data.string_arrays import SortedKeys
+    pairs = list(read_document_labels(path))
+    labelled = np.asarray([docid.encode("utf-8") for docid, _ in pairs], bytes)
+    names, group = np.unique(np.asarray([label for _, label in pairs], dtype=object), return_inverse=True)
+    rows = SortedKeys.of(labelled).rows_of(docids)
+    if (rows < 0).any():
+        missing = docids[np.argmax(rows < 0)].decode("utf-8")
+        raise DataFormatError(f"{path}: no label for document {missing!r} ({int((rows < 0).sum())} of the index's "
+                              f"{len(docids)} documents have none)")
+    if len(pairs) != len(docids):
+        used = np.zeros(len(pairs), bool)
+        used[rows] = True
+        line = int(np.argmin(used)) + 1
+        raise DataFormatError.at(path, line, f"document {pairs[line - 1][0]!r} is not in the index")
+    if len(names) < 2:
+        raise DataFormatError(f"{path}: one label ({names[0]!r}) for every document: a first level needs two or more")
+    return group[rows].astype(np.int32), [str(name) for name in names]
+
+
 def build(*, index_dir: str, out_dir: str, branching: Sequence[int], cluster_index_dir: Optional[str] = None,
-          seed: int = 0, niter: int = 20) -> dict:
+          cluster_groups: Optional[str] = None, seed: int = 0, niter: int = 20) -> dict:
     from gr_jax.data.readers import DataFormatError
     from gr_jax.dense.index import CorpusIndex, docids_digest
     from gr_jax.gdr.clusters import build_cluster_ids
@@ -58,12 +84,17 @@ def build(*, index_dir: str, out_dir: str, branching: Sequence[int], cluster_ind
                                   "or another order): cluster ids must name the same rows")
     if corpus_index.multi_vector or source.multi_vector:
         raise ValueError("GDR clusters and ranks single vectors; a multi-vector (MaxSim) index cannot be used")
+    groups, source_groups = None, {}
+    if cluster_groups is not None:
+        groups, labels = read_groups(cluster_groups, docids=corpus_index.docids)
+        branching = (len(labels), *branching)
+        source_groups = {"groups": {"file": str(pathlib.Path(cluster_groups).resolve()), "labels": labels}}
     clusters = build_cluster_ids(embeddings=source.embeddings, branching=branching, seed=seed, niter=niter,
-                                 show_progress=True)
+                                 groups=groups, show_progress=True)
     clustered = ClusteredIndex.from_corpus_index(
         corpus_index, clusters=clusters,
         clusters_source={"directory": str(source.directory.resolve()), "encoder": source.manifest.get("encoder"),
-                         "seed": seed, "niter": niter}).save(out_dir)
+                         "seed": seed, "niter": niter, **source_groups}).save(out_dir)
     return {"out_dir": out_dir, "documents": len(clustered), "clusters": clusters.num_clusters,
             "branching": list(clusters.branching), "cluster_sizes": _size_summary(clusters.sizes()),
             "seconds": round(time.perf_counter() - start, 3)}
@@ -120,6 +151,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     make.add_argument("--branching", type=parse_branching, required=True, help="clusters per level, e.g. 16,8")
     make.add_argument("--cluster_index_dir", default=None,
                       help="cluster over this index's vectors (same documents) instead of --index_dir's")
+    make.add_argument("--cluster_groups", default=None,
+                      help="docid \\t label lines: the labels are the first level, --branching the k-means below")
     make.add_argument("--seed", type=int, default=0)
     make.add_argument("--niter", type=int, default=20, help="k-means iterations per split")
     grow = commands.add_parser("add", help="add documents to a GDR clustered index, no training")
@@ -129,7 +162,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     args = parser.parse_args(argv)
     if args.command == "build":
         return run_tool(lambda: build(index_dir=args.index_dir, out_dir=args.out_dir, branching=args.branching,
-                                      cluster_index_dir=args.cluster_index_dir, seed=args.seed, niter=args.niter))
+                                      cluster_index_dir=args.cluster_index_dir,
+                                      cluster_groups=args.cluster_groups, seed=args.seed, niter=args.niter))
     return run_tool(lambda: add(gdr_index=args.gdr_index, documents=args.documents, out_dir=args.out_dir))
 
 

@@ -167,8 +167,9 @@ class DistinctIds:
             first_line[item_id] = line_number
 
 
-def _id_text_tsv_line(line: str, *, path: PathLike, line_number: int, id_name: str,
-                      text_name: str) -> tuple[str, str]:
+def _id_text_tsv_line(line: str, *, path: PathLike, line_number: int, id_name: str, text_name: str,
+                      empty_text: Optional[str] = None) -> tuple[str, str]:
+    """One `id \\t text` line; `empty_text`: why a blank text is an error (None: it is allowed)."""
     columns = line.split("\t")
     if len(columns) != 2:
         raise DataFormatError.at(
@@ -177,8 +178,8 @@ def _id_text_tsv_line(line: str, *, path: PathLike, line_number: int, id_name: s
             + (" (a tab inside the text is not allowed)" if len(columns) > 2 else ""))
     item_id, text = columns
     check_id(item_id, path=path, line_number=line_number, id_name=id_name)
-    if id_name == "qid" and not text.strip():
-        raise DataFormatError.at(path, line_number, f"query {item_id!r} is empty: nothing to train on or rank with")
+    if empty_text is not None and not text.strip():
+        raise DataFormatError.at(path, line_number, empty_text.format(item_id=item_id))
     return item_id, text
 
 
@@ -193,9 +194,9 @@ def check_id(item_id: str, *, path: PathLike, line_number: int, id_name: str) ->
 
 
 def _read_id_text_tsv(path: PathLike, *, id_name: str, text_name: str, start_line: int = 1,
-                      stop_line: Optional[int] = None) -> Iterator[tuple[str, str]]:
-    """Shared body of `read_collection` / `read_queries`: exactly two tab-separated columns, ids distinct (among
-    the lines read)."""
+                      stop_line: Optional[int] = None, empty_text: Optional[str] = None) -> Iterator[tuple[str, str]]:
+    """Shared body of `read_collection` / `read_queries` / `read_document_labels`: exactly two tab-separated
+    columns, ids distinct (among the lines read)."""
     distinct = DistinctIds(path=path, id_name=id_name)
 
     def ids_at(lines: Sequence[int]) -> dict[int, str]:
@@ -205,7 +206,7 @@ def _read_id_text_tsv(path: PathLike, *, id_name: str, text_name: str, start_lin
 
     for line_number, line in read_lines(path, start_line=start_line, stop_line=stop_line):
         item_id, text = _id_text_tsv_line(line, path=path, line_number=line_number, id_name=id_name,
-                                          text_name=text_name)
+                                          text_name=text_name, empty_text=empty_text)
         distinct.add(item_id, line_number)
         yield item_id, text
     distinct.finish(ids_at)
@@ -224,7 +225,15 @@ def read_collection(path: PathLike, *, start_line: int = 1,
 
 def read_queries(path: PathLike) -> Iterator[tuple[str, str]]:
     """Streams `(qid, query)` from an MS MARCO `queries.{split}.tsv` (`qid \\t query`); qids must be unique."""
-    return _read_id_text_tsv(path, id_name="qid", text_name="query")
+    return _read_id_text_tsv(path, id_name="qid", text_name="query",
+                             empty_text="query {item_id!r} is empty: nothing to train on or rank with")
+
+
+def read_document_labels(path: PathLike) -> Iterator[tuple[str, str]]:
+    """Streams `(docid, label)` from `docid \\t label` lines (a category per document, e.g. GDR's given first
+    cluster level); docids must be unique, a label not empty."""
+    return _read_id_text_tsv(path, id_name="docid", text_name="label",
+                             empty_text="document {item_id!r} has an empty label")
 
 
 def _add_qrel(qrels: dict[str, dict[str, int]], *, path: PathLike, line_number: int, qid: str, docid: str,

@@ -11,6 +11,9 @@ clusters, then each of them into branching[1], and so on. A node with at most br
 split (all its documents take digit 0): k-means cannot fit more centroids than points, and a cluster per document
 is what GDR avoids. Every path has the full depth, so every cluster id has the same length. Only non-empty leaves
 are clusters, numbered 0..K-1 in lexicographic path order (their inverted-list numbers in `gr_jax.gdr.index`).
+The first level may instead be given (`groups`: a category per document from another view of the corpus, e.g.
+WordNet's lexicographer files or a web page's site), k-means splitting each group below it: the cluster decoder
+then learns something the dense vectors that rank inside a cluster do not already hold.
 
 Cluster ids as tokens (`cluster_id_table`): each level's digit in the vocabulary's digit pieces, fixed width
 len(str(branching[level] - 1)), then EOS (the `semantic` docid scheme's spelling), in a `DocidTable` whose docids
@@ -22,6 +25,7 @@ import dataclasses
 import os
 import pathlib
 from collections.abc import Sequence
+from typing import Optional
 
 import numpy as np
 import tqdm
@@ -120,15 +124,23 @@ class ClusterIds:
 
 def build_cluster_ids(*, embeddings: np.ndarray, branching: Sequence[int], seed: int = 0, niter: int = 20,
                       nredo: int = 1, sample_above: int = 1_000_000, sample_size: int = 100_000,
-                      show_progress: bool = False) -> ClusterIds:
+                      groups: Optional[np.ndarray] = None, show_progress: bool = False) -> ClusterIds:
     """Fixed-depth hierarchical k-means clusters of the rows of `embeddings` float[N, dim] (an array or a read-only
     memmap); see the module docstring. Deterministic for a given `seed`; the k-means settings are those of
-    `gr_jax.docids.semantic_ids.build_semantic_ids`."""
+    `gr_jax.docids.semantic_ids.build_semantic_ids`. groups: int[N] in [0, branching[0]), the first level's digit
+    of each row, given instead of k-means (every group must hold a document)."""
     branching = tuple(int(b) for b in branching)
     if not branching or min(branching) < 2:
         raise ValueError(f"branching must be one or more clusters per level, each >= 2, got {branching}")
     check_embeddings(embeddings)
     n = embeddings.shape[0]
+    if groups is not None:
+        groups = np.asarray(groups)
+        if groups.shape != (n,) or groups.dtype.kind not in "iu":
+            raise ValueError(f"groups must be int[{n}], one per document, got {groups.dtype}{list(groups.shape)}")
+        if (groups < 0).any() or (groups >= branching[0]).any() or np.unique(groups).size != branching[0]:
+            raise ValueError(f"groups must use each of 0..{branching[0] - 1} (the first level's {branching[0]} "
+                             f"clusters), got values {np.unique(groups).tolist()[:12]}")
     path = np.zeros((n, len(branching)), np.int32)
     stack: list[tuple[np.ndarray, tuple[int, ...]]] = [(np.arange(n, dtype=np.int64), ())]
     with tqdm.tqdm(total=n, desc="cluster ids", unit="doc", disable=not show_progress, leave=False) as bar:
@@ -139,7 +151,9 @@ def build_cluster_ids(*, embeddings: np.ndarray, branching: Sequence[int], seed:
                 bar.update(members.size)
                 continue
             k = branching[level]
-            if members.size <= k:
+            if level == 0 and groups is not None:
+                labels = groups[members].astype(np.int32)
+            elif members.size <= k:
                 labels = np.zeros(members.size, np.int32)
             else:
                 labels, _ = kmeans_labels(embeddings, members, k=k, seed=node_seed(seed, node), niter=niter,

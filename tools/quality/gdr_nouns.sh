@@ -7,8 +7,10 @@
 # clusters, lambda 0: zero-shot MiniLM's) on valid (4,628 definitions). TEACHER=1: each training definition's
 # cluster target is the soft one over its ranked list (synset first, then zero-shot MiniLM's next 9 documents,
 # mass 1/r^2; ranking/trie.gin). Needs runs/quality/nouns/minilm_zs with its train run (minilm_zero_shot.sh with
-# SPLITS="valid train"). Valid MRR@10 for clusters recalled x lambda at the last step (all 256 clusters at lambda 0
-# is zero-shot MiniLM's ranking, minilm_zs.valid.json; 256 beams over 4,628 queries cost too much to repeat it).
+# SPLITS="valid train"). LEXNAME=1: the clusters' first level is WordNet's lexicographer file (26), k-means 8
+# below it (gdr_index build --cluster_groups). Valid MRR@10 for clusters recalled x lambda at the last step (all
+# clusters at lambda 0 is zero-shot MiniLM's ranking, minilm_zs.valid.json; 256 beams over 4,628 queries cost too
+# much to repeat it).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=.venv/bin/python
@@ -16,9 +18,18 @@ D=${DATA:-data/wordnet_nouns_c93}
 OUT=${OUT:-runs/quality/nouns}
 STEPS=${STEPS:-3000}
 TEACHER=${TEACHER:-0}
-[ -d $OUT/gdr_index_zs ] || $PY -m gr_jax.tools.gdr_index build --index_dir $OUT/minilm_zs/index/0 --branching 16,16 \
-  --out_dir $OUT/gdr_index_zs > $OUT/gdr_index_zs.json
-R=$OUT/gdr_zs_frozen_$STEPS
+if [ "${LEXNAME:-0}" = 1 ]; then
+  INDEX=$OUT/gdr_index_lexname
+  [ -f $OUT/groups.lexname.tsv ] || $PY -m gr_jax.tools.wordnet_groups --data_dir $D --out $OUT/groups.lexname.tsv
+  CLUSTERING=(--branching 8 --cluster_groups $OUT/groups.lexname.tsv)
+  R=$OUT/gdr_lexname_frozen_$STEPS
+else
+  INDEX=$OUT/gdr_index_zs
+  CLUSTERING=(--branching 16,16)
+  R=$OUT/gdr_zs_frozen_$STEPS
+fi
+[ -d $INDEX ] || $PY -m gr_jax.tools.gdr_index build --index_dir $OUT/minilm_zs/index/0 "${CLUSTERING[@]}" \
+  --out_dir $INDEX > $INDEX.json
 TARGETS=()
 if [ "$TEACHER" = 1 ]; then
   R=$OUT/gdr_zs_teacher_$STEPS
@@ -29,7 +40,7 @@ if [ -n "${PEAK:-}" ]; then  # AdamW at PEAK, warmed up 100 steps, then linear d
   TARGETS+=(--gin_file=schedules/linear_decay.gin --gin.LEARNING_RATE=$PEAK)
 fi
 [ -f $R/final_metrics.json ] || $PY -m gr_jax.train --gin_file=gdr/minilm.gin --gin_file=models/t5_1_1/tiny.gin \
-  "${TARGETS[@]}" --gin.DATA_DIR="'$D'" --gin.GDR_INDEX="'$OUT/gdr_index_zs'" --gin.MODEL_DIR="'$R'" \
+  "${TARGETS[@]}" --gin.DATA_DIR="'$D'" --gin.GDR_INDEX="'$INDEX'" --gin.MODEL_DIR="'$R'" \
   --gin.TRAIN_STEPS=$STEPS --gin.TRAIN_QUERY_TOWER=False --gin.QUERY_LENGTH=32 --gin.WARMUP_STEPS=100 \
   --gin.training.EvalConfig.every_steps=-1 --gin.training.train.progress=False > $R.train.json 2> $R.train.log
 for clusters in ${CLUSTERS:-64 32}; do

@@ -8,6 +8,8 @@
 # TEACHER=1 ("The cluster decoder distilled from the dense retriever"): each training definition's cluster target
 # is a soft one over a ranked list, its synset first, then zero-shot MiniLM's next documents for it (DEPTH in all,
 # mass 1/r^BETA; ranking/trie.gin); needs minilm_zs's train run (minilm_zero_shot.sh with SPLITS="train valid").
+# HYPERNYM_DEPTH=5: the clusters' first level is each document's hypernym 5 below WordNet's root (45 groups,
+# tools/wordnet_groups.py), k-means into BELOW (2) below it, instead of 8 x 8 k-means of the zero-shot vectors.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=.venv/bin/python
@@ -23,10 +25,19 @@ if [ "${TEACHER:-0}" = 1 ]; then
   OPTIONS=(--gin_file=ranking/trie.gin --gin.RANKED_RUN="'$OUT/minilm_zs/run.train.0.trec'" --gin.RANKING_DEPTH=$DEPTH
            --gin.BETA=$BETA --gin.experiment.GdrExperiment.seed=$SEED)
 fi
-[ -d $OUT/gdr_index_zs ] || $PY -m gr_jax.tools.gdr_index build --index_dir $OUT/minilm_zs/index/0 --branching 8,8 \
-  --out_dir $OUT/gdr_index_zs > $OUT/gdr_index_zs.json
+INDEX=$OUT/gdr_index_zs
+CLUSTERING=(--branching 8,8)
+if [ -n "${HYPERNYM_DEPTH:-}" ]; then  # the first cluster level: the hypernym HYPERNYM_DEPTH below the root
+  GROUPS_FILE=$OUT/groups.depth$HYPERNYM_DEPTH.tsv
+  [ -f $GROUPS_FILE ] || $PY -m gr_jax.tools.wordnet_groups --data_dir $D --depth $HYPERNYM_DEPTH --out $GROUPS_FILE
+  INDEX=$OUT/gdr_index_depth$HYPERNYM_DEPTH
+  CLUSTERING=(--branching ${BELOW:-2} --cluster_groups $GROUPS_FILE)
+  R=${R}_depth${HYPERNYM_DEPTH}x${BELOW:-2}
+fi
+[ -d $INDEX ] || $PY -m gr_jax.tools.gdr_index build --index_dir $OUT/minilm_zs/index/0 "${CLUSTERING[@]}" \
+  --out_dir $INDEX > $INDEX.json
 [ -f $R/final_metrics.json ] || $PY -m gr_jax.train --gin_file=gdr/minilm.gin --gin_file=models/t5_1_1/tiny.gin \
-  "${OPTIONS[@]}" --gin.DATA_DIR="'$D'" --gin.GDR_INDEX="'$OUT/gdr_index_zs'" --gin.MODEL_DIR="'$R'" \
+  "${OPTIONS[@]}" --gin.DATA_DIR="'$D'" --gin.GDR_INDEX="'$INDEX'" --gin.MODEL_DIR="'$R'" \
   --gin.TRAIN_STEPS=300 --gin.TRAIN_QUERY_TOWER=False --gin.QUERY_LENGTH=32 --gin.WARMUP_STEPS=20 \
   --gin.training.EvalConfig.every_steps=-1 --gin.training.train.progress=False > $R.train.json 2> $R.train.log
 for clusters in 64 32 20 10; do
