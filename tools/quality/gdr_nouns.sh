@@ -9,8 +9,8 @@
 # mass 1/r^2; ranking/trie.gin). Needs runs/quality/nouns/minilm_zs with its train run (minilm_zero_shot.sh with
 # SPLITS="valid train"). LEXNAME=1: the clusters' first level is WordNet's lexicographer file (26), k-means 8
 # below it (gdr_index build --cluster_groups). Valid MRR@10 for clusters recalled x lambda at the last step (all
-# clusters at lambda 0 is zero-shot MiniLM's ranking, minilm_zs.valid.json; 256 beams over 4,628 queries cost too
-# much to repeat it).
+# clusters at lambda 0 is zero-shot MiniLM's ranking, minilm_zs.valid.json; all beams over 4,628 queries cost too
+# much to repeat it), each cell's JSON and TREC run; SPLIT=dev: the cells on dev (once, at the setting chosen).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=.venv/bin/python
@@ -43,10 +43,12 @@ fi
   "${TARGETS[@]}" --gin.DATA_DIR="'$D'" --gin.GDR_INDEX="'$INDEX'" --gin.MODEL_DIR="'$R'" \
   --gin.TRAIN_STEPS=$STEPS --gin.TRAIN_QUERY_TOWER=False --gin.QUERY_LENGTH=32 --gin.WARMUP_STEPS=100 \
   --gin.training.EvalConfig.every_steps=-1 --gin.training.train.progress=False > $R.train.json 2> $R.train.log
+SPLIT=${SPLIT:-valid}  # dev: once, at the setting chosen on valid
 for clusters in ${CLUSTERS:-64 32}; do
   for weight in ${WEIGHTS:-0.0 0.1 0.25}; do
-    CELL=$R.valid.c$clusters.w$weight.json
-    [ -f $CELL ] || $PY -m gr_jax.eval --gin_file=$R/config.gin --gin.EVAL_SPLIT="'valid'" \
-      --gin.CLUSTERS_RECALLED=$clusters --gin.CLUSTER_WEIGHT=$weight > $CELL 2> /dev/null
+    CELL=$R.$SPLIT.c$clusters.w$weight
+    [ -f $CELL.json ] || { $PY -m gr_jax.eval --gin_file=$R/config.gin --gin.EVAL_SPLIT="'$SPLIT'" \
+      --gin.CLUSTERS_RECALLED=$clusters --gin.CLUSTER_WEIGHT=$weight > $CELL.json 2> /dev/null
+      cp $R/run.$SPLIT.$STEPS.trec $CELL.trec; }  # each cell's ranking, for tools/compare
   done
 done
