@@ -5,7 +5,7 @@ GDR's given first cluster level (`python -m gr_jax.tools.gdr_index build --clust
     python -m gr_jax.tools.wordnet_groups --data_dir data/wordnet_food_c93 --depth 5 --out groups.depth5.tsv
         [--wordnet_dir /usr/share/wordnet]
 
-Without `--depth`: a document's lexicographer file (noun.food, noun.animal, ...: 25 for the nouns). With it: the
+Without `--depth`: a document's lexicographer file (noun.food, noun.animal, ...: 26 for the nouns). With it: the
 synset `--depth` steps below the root on its hypernym path (the first hypernym at each step, as
 `gr_jax.tools.wordnet_hypernyms` follows it), the document itself when its path is shorter; the label is that
 synset's offset and first lemma (`07555863:food`), so two senses of a word stay apart. Writes `docid \\t label` in the
