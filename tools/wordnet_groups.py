@@ -30,15 +30,20 @@ def document_groups(*, docids: Sequence[str], synsets: dict[str, dict[str, wordn
     synset, as `wordnet.read_synsets` reads each data file."""
     labels = []
     for docid in docids:
-        offset, _, pos = docid.partition("-")
-        synset = synsets[pos or "n"][offset]
+        offset, pos = synset_key(docid)
         if depth is None:
-            labels.append(synset.lexname)
+            labels.append(synsets[pos][offset].lexname)
             continue
-        path = [offset, *hypernym_path(offset, synsets[pos or "n"])][::-1]  # root first
-        ancestor = synsets[pos or "n"][path[min(depth, len(path) - 1)]]
+        path = [offset, *hypernym_path(offset, synsets[pos])][::-1]  # root first
+        ancestor = synsets[pos][path[min(depth, len(path) - 1)]]
         labels.append(f"{ancestor.offset}:{ancestor.lemmas[0]}")
     return labels
+
+
+def synset_key(docid: str) -> tuple[str, str]:
+    """(offset, pos) of a `Synset.docid`: a bare offset is a noun's."""
+    offset, _, pos = docid.partition("-")
+    return offset, pos or "n"
 
 
 def build(*, data_dir: str, out: str, depth: Optional[int] = None,
@@ -49,12 +54,12 @@ def build(*, data_dir: str, out: str, depth: Optional[int] = None,
     docids = [docid for docid, _ in read_collection(collection)]
     synsets: dict[str, dict[str, wordnet.Synset]] = {}
     for line_number, docid in enumerate(docids, 1):
-        offset, _, pos = docid.partition("-")
-        if (pos or "n") not in wordnet.DATA_FILES:
+        offset, pos = synset_key(docid)
+        if pos not in wordnet.DATA_FILES:
             raise DataFormatError.at(collection, line_number, f"docid {docid!r} is not a WordNet synset's")
-        if (pos or "n") not in synsets:
-            synsets[pos or "n"] = wordnet.read_synsets(wordnet_dir, pos=pos or "n")
-        if offset not in synsets[pos or "n"]:
+        if pos not in synsets:
+            synsets[pos] = wordnet.read_synsets(wordnet_dir, pos=pos)
+        if offset not in synsets[pos]:
             raise DataFormatError.at(collection, line_number, f"docid {docid!r}: no such synset in {wordnet_dir}")
     labels = document_groups(docids=docids, synsets=synsets, depth=depth)
     write_tsv(out, zip(docids, labels))
