@@ -7,13 +7,16 @@
 # seqio mixture and on the ranked lists without a teacher (NTP). 500 steps, valid MRR@10 every 50 (select.gin).
 # Inputs 48 WordPiece tokens: ranked lists refuse to cut a query, and the longest training definition has 47.
 # Needs runs/quality/minilm_zs (docs/quality.md) with its TREC run of the training definitions and its document
-# vectors. About 6 minutes a cell on the 2-core host alone.
+# vectors. About 6 minutes a cell on the 2-core host alone. The fine-tuned teacher instead (its columns and ranks):
+#   TEACHER=runs/quality/minilm_ft TEACHER_STEP=400 OUT=runs/quality/demo_distill_ft CELLS="base trie2"
+# after its training split's run (gr_jax.eval --gin.EVAL_SPLIT="'train'") and tools/document_vectors.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=.venv/bin/python
 D=data/wordnet_food_c93
 OUT=${OUT:-runs/quality/demo_distill}
 TEACHER=${TEACHER:-runs/quality/minilm_zs}
+TEACHER_STEP=${TEACHER_STEP:-0}   # the step of its run.train.STEP.trec
 CELLS=${CELLS:-"base ntp trie2 trie1"}
 SEED=${SEED:-0}   # a second seed: SEED=1 OUT=runs/quality/demo_distill_s1
 mkdir -p "$OUT"
@@ -22,7 +25,7 @@ SETTINGS=(--gin_file=runs/select.gin --gin.DATA_DIR="'$D'" --gin.DATASET_NAME="'
   --gin.DOCUMENT_VECTORS="'$TEACHER.document_vectors.npy'" --gin.INPUT_LENGTH=48 --gin.TRAIN_STEPS=500
   --gin.EVAL_EVERY=50 --gin.PATIENCE=None --gin.training.train.progress=False --gin.experiment.Experiment.seed=$SEED)
 LISTS=(--gin_file=ranking/ranked_lists.gin --gin.INDEXING=True)
-TEACHER_LISTS=(--gin_file=ranking/trie.gin --gin.RANKED_RUN="'$TEACHER/run.train.0.trec'" --gin.RANKING_DEPTH=10)
+TEACHER_LISTS=(--gin_file=ranking/trie.gin --gin.RANKED_RUN="'$TEACHER/run.train.$TEACHER_STEP.trec'" --gin.RANKING_DEPTH=10)
 for cell in $CELLS; do
   case $cell in
     base) EXTRA=() ;;

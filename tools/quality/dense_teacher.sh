@@ -3,7 +3,7 @@
 # negatives, 600 steps x 32, the step kept on valid MRR@10; dev 0.474) as (1) a member of fusions, (2) the vectors
 # of dense-space semantic ids, (3) the distillation teacher, each followed by the generative run of
 # tools/quality/minilm_encoder.sh on the data dir it makes. Budget: about 20 minutes for the teacher, 45 for each
-# generative run on the 2-core host.
+# generative run on the 2-core host. PARTS (default "ids distill") picks which of (2) and (3) follow the teacher.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=.venv/bin/python
@@ -18,11 +18,14 @@ for split in valid dev; do   # its runs on both splits (fusion), and its corpus 
   $PY -m gr_jax.eval --gin_file=$T/config.gin --gin.EVAL_SPLIT="'$split'" --gin.training.evaluate.step=$STEP \
     > $T.$split.json
 done
-# (2) semantic ids from its document vectors, in a data dir whose other files link to $D's
+PARTS=${PARTS:-ids distill}
+if [[ " $PARTS " == *" ids "* ]]; then  # (2) semantic ids from its document vectors, in a data dir linking to $D's
 $PY -m gr_jax.tools.train_fraction --data_dir $D --fractions 1 --out_dir ${D}_ft_ids > /dev/null
-rm ${D}_ft_ids/docids.semantic.tsv ${D}_ft_ids/embeddings.minilm.npy
+rm -f ${D}_ft_ids/docids.semantic.tsv ${D}_ft_ids/embeddings.minilm.npy
 $PY -m gr_jax.tools.semantic_ids --data_dir ${D}_ft_ids --scheme semantic --index_dir $T/index/$STEP
 DATA=${D}_ft_ids NAME=minilm_2a_semantic_ft_ids tools/quality/minilm_encoder.sh
+fi
+[[ " $PARTS " == *" distill "* ]] || exit 0
 # (3) distillation from it: WordNet's plant and animal definitions labeled with its top document
 [ -f data/wordnet_plant_animal/collection.tsv ] || $PY -m gr_jax.tools.wordnet --out_dir data/wordnet_plant_animal \
   --lexfiles noun.plant noun.animal
