@@ -10,6 +10,7 @@
 # mass 1/r^BETA; ranking/trie.gin); needs minilm_zs's train run (minilm_zero_shot.sh with SPLITS="train valid").
 # HYPERNYM_DEPTH=5: the clusters' first level is each document's hypernym 5 below WordNet's root (45 groups,
 # tools/wordnet_groups.py), k-means into BELOW (2) below it, instead of 8 x 8 k-means of the zero-shot vectors.
+# CLUSTER_GROUPS=runs/quality/groups.lexical32.tsv: the same with any groups file, e.g. tools/quality/lexical_groups.py's.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=.venv/bin/python
@@ -28,11 +29,16 @@ fi
 INDEX=$OUT/gdr_index_zs
 CLUSTERING=(--branching 8,8)
 if [ -n "${HYPERNYM_DEPTH:-}" ]; then  # the first cluster level: the hypernym HYPERNYM_DEPTH below the root
-  GROUPS_FILE=$OUT/groups.depth$HYPERNYM_DEPTH.tsv
-  [ -f $GROUPS_FILE ] || $PY -m gr_jax.tools.wordnet_groups --data_dir $D --depth $HYPERNYM_DEPTH --out $GROUPS_FILE
-  INDEX=$OUT/gdr_index_depth$HYPERNYM_DEPTH
-  CLUSTERING=(--branching ${BELOW:-2} --cluster_groups $GROUPS_FILE)
-  R=${R}_depth${HYPERNYM_DEPTH}x${BELOW:-2}
+  CLUSTER_GROUPS=$OUT/groups.depth$HYPERNYM_DEPTH.tsv
+  [ -f $CLUSTER_GROUPS ] || $PY -m gr_jax.tools.wordnet_groups --data_dir $D --depth $HYPERNYM_DEPTH \
+    --out $CLUSTER_GROUPS
+fi
+if [ -n "${CLUSTER_GROUPS:-}" ]; then  # a groups.NAME.tsv file (docid \t label): the first level, k-means below
+  NAME=$(basename $CLUSTER_GROUPS .tsv)
+  NAME=${NAME#groups.}
+  INDEX=$OUT/gdr_index_$NAME
+  CLUSTERING=(--branching ${BELOW:-2} --cluster_groups $CLUSTER_GROUPS)
+  R=${R}_${NAME}x${BELOW:-2}
 fi
 [ -d $INDEX ] || $PY -m gr_jax.tools.gdr_index build --index_dir $OUT/minilm_zs/index/0 "${CLUSTERING[@]}" \
   --out_dir $INDEX > $INDEX.json
