@@ -8,7 +8,7 @@ one whose oracle lifts much helps only as far as queries predict it (`category_c
 import json
 import sys
 
-from gr_jax.data.readers import open_dataset, read_document_labels
+from gr_jax.data.readers import DataFormatError, open_dataset, read_document_labels
 from gr_jax.evaluation import read_trec_run, retrieval_metrics
 
 
@@ -16,6 +16,10 @@ def main(data_dir: str, run_file: str, groups_tsv: str, split: str) -> dict:
     qrels = open_dataset(data_dir).qrels(split)
     label = dict(read_document_labels(groups_tsv))
     run = {qid: [docid for docid, _ in ranked] for qid, ranked in read_trec_run(run_file).items()}
+    unlabeled = {docid for docids in run.values() for docid in docids} - label.keys()
+    if unlabeled:
+        raise DataFormatError(f"{groups_tsv}: no group for {len(unlabeled)} documents of {run_file}, e.g. "
+                              f"{sorted(unlabeled)[0]!r}")
     oracle = {}
     for qid, docids in run.items():
         gold = {label[docid] for docid, grade in qrels[qid].items() if grade > 0}

@@ -3,7 +3,8 @@ lexicographer files (noun.food c93, msmarco_mini). scikit-learn's TF-IDF of each
 bigrams, English stop words out, sublinear tf), reduced by truncated SVD to 256 dimensions and normalised (latent
 semantic analysis), then k-means into K groups: which documents share words, where the dense vectors say which
 share meaning. Writes `docid \\t group` in the collection's order (`gdr_index build --cluster_groups`,
-`category_classifier.py`) and prints one JSON line: documents, groups, the largest group.
+`category_classifier.py`) and prints one JSON line: documents, groups, the largest and median group, the
+vocabulary's size.
 
     .venv/bin/python tools/quality/lexical_groups.py DATA_DIR K OUT_TSV
 """
