@@ -115,6 +115,9 @@ def test_unknown_documents_and_long_queries_are_refused(data_dir):
     with pytest.raises(ValueError, match="input_length=4"):
         ranked_list_examples(data=RankedListData(name="t", data_dir=str(data_dir), input_length=4, target_length=8),
                              docid_space=_space(), vocabulary=LetterVocabulary())
+    data = RankedListData(name="t", data_dir=str(data_dir), input_length=4, target_length=8, cut_queries=True)
+    cut = ranked_list_examples(data=data, docid_space=_space(), vocabulary=LetterVocabulary())
+    assert cut.inputs[:, :4].tolist() == [[LETTERS[ch] for ch in "que"] + [EOS_ID]] * len(cut)  # asked for: FirstP
 
 
 def test_batches_are_a_function_of_the_batch_index_and_split_over_hosts(data_dir):

@@ -129,9 +129,13 @@ def ranked_list_examples(*, data: "RankedListData", docid_space: DocidSpace, voc
                 soft_token_rows.append(y_tokens)
                 soft_mass_rows.append(y_mass)
     inputs, cut = encode_and_count_cut(query_texts, vocabulary=vocabulary, input_length=data.input_length)
-    if cut:
+    if cut and not data.cut_queries:
         raise ValueError(f"{cut} of the {len(query_texts)} training queries of {data.data_dir} are longer than "
-                         f"input_length={data.input_length} - 1 tokens: raise input_length")
+                         f"input_length={data.input_length} - 1 tokens: raise input_length, or ask for "
+                         f"cut_queries=True")
+    if cut:
+        logger.info("ranked-list examples: %d of %d training queries cut to their first %d tokens (cut_queries)",
+                    cut, len(query_texts), data.input_length - 1)
     targets = np.stack(target_rows)
     weights = np.asarray(row_weights, np.float32)
     if data.indexing:
@@ -159,7 +163,9 @@ class RankedListData(HostExamplesData):
 
     item_weights: lambda(r) (`TopOne()`, `Fractional(alpha)`, `Stepwise()`); token_targets: None (one-hot) or
     `TrieTargets`; run_file / depth: a teacher's ranking after the judged documents, and the list length;
-    indexing: add every document's own text as an example of its docid."""
+    indexing: add every document's own text as an example of its docid; cut_queries: a training query longer than
+    input_length - 1 tokens keeps its first ones (counted in the log, as evaluation cuts its queries) instead of
+    being an error."""
     name: str
     data_dir: str
     docid_scheme: str = "naive"
@@ -168,6 +174,7 @@ class RankedListData(HostExamplesData):
     run_file: Optional[str] = None
     depth: Optional[int] = None
     indexing: bool = False
+    cut_queries: bool = False
     train_split: str = "train"
     eval_split: str = "dev"
     input_length: int = 64

@@ -9,11 +9,16 @@
 # Needs runs/quality/minilm_zs (docs/quality.md) with its TREC run of the training definitions and its document
 # vectors. About 6 minutes a cell on the 2-core host alone. The fine-tuned teacher instead (its columns and ranks):
 #   TEACHER=runs/quality/minilm_ft TEACHER_STEP=400 OUT=runs/quality/demo_distill_ft CELLS="base trie2"
-# after its training split's run (gr_jax.eval --gin.EVAL_SPLIT="'train'") and tools/document_vectors.
+# after its training split's run (gr_jax.eval --gin.EVAL_SPLIT="'train'") and tools/document_vectors
+# (`PARTS=ranks tools/quality/dense_teacher.sh` makes both). Another data dir: DATA, STEPS, EVAL_EVERY, INPUT_LENGTH
+# and CUT_QUERIES=True where a training query is longer than INPUT_LENGTH - 1 tokens (all nouns: 333 of 61,009 at
+# 48), e.g. all WordNet nouns (docs/quality.md):
+#   DATA=data/wordnet_nouns_c93 STEPS=1000 EVAL_EVERY=250 CUT_QUERIES=True TEACHER=runs/quality/nouns/minilm_ft \
+#     TEACHER_STEP=600 OUT=runs/quality/nouns/demo_distill_ft CELLS="base trie2"
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=.venv/bin/python
-D=data/wordnet_food_c93
+D=${DATA:-data/wordnet_food_c93}
 OUT=${OUT:-runs/quality/demo_distill}
 TEACHER=${TEACHER:-runs/quality/minilm_zs}
 TEACHER_STEP=${TEACHER_STEP:-0}   # the step of its run.train.STEP.trec
@@ -21,10 +26,11 @@ CELLS=${CELLS:-"base ntp trie2 trie1"}
 SEED=${SEED:-0}   # a second seed: SEED=1 OUT=runs/quality/demo_distill_s1
 mkdir -p "$OUT"
 COMMON=(--gin_file=experiments/wordnet_document_vectors.gin)
-SETTINGS=(--gin_file=runs/select.gin --gin.DATA_DIR="'$D'" --gin.DATASET_NAME="'wordnet_food_c93'"
-  --gin.DOCUMENT_VECTORS="'$TEACHER.document_vectors.npy'" --gin.INPUT_LENGTH=48 --gin.TRAIN_STEPS=500
-  --gin.EVAL_EVERY=50 --gin.PATIENCE=None --gin.training.train.progress=False --gin.experiment.Experiment.seed=$SEED)
-LISTS=(--gin_file=ranking/ranked_lists.gin --gin.INDEXING=True)
+SETTINGS=(--gin_file=runs/select.gin --gin.DATA_DIR="'$D'" --gin.DATASET_NAME="'$(basename $D)'"
+  --gin.DOCUMENT_VECTORS="'$TEACHER.document_vectors.npy'" --gin.INPUT_LENGTH=${INPUT_LENGTH:-48}
+  --gin.TRAIN_STEPS=${STEPS:-500} --gin.EVAL_EVERY=${EVAL_EVERY:-50} --gin.PATIENCE=None
+  --gin.training.train.progress=False --gin.experiment.Experiment.seed=$SEED)
+LISTS=(--gin_file=ranking/ranked_lists.gin --gin.INDEXING=True --gin.CUT_QUERIES=${CUT_QUERIES:-False})
 TEACHER_LISTS=(--gin_file=ranking/trie.gin --gin.RANKED_RUN="'$TEACHER/run.train.$TEACHER_STEP.trec'" --gin.RANKING_DEPTH=10)
 for cell in $CELLS; do
   case $cell in

@@ -3,22 +3,31 @@
 # negatives, 600 steps x 32, the step kept on valid MRR@10; dev 0.474) as (1) a member of fusions, (2) the vectors
 # of dense-space semantic ids, (3) the distillation teacher, each followed by the generative run of
 # tools/quality/minilm_encoder.sh on the data dir it makes. Budget: about 20 minutes for the teacher, 45 for each
-# generative run on the 2-core host. PARTS (default "ids distill") picks which of (2) and (3) follow the teacher.
+# generative run on the 2-core host. PARTS (default "ids distill") picks which of (2) and (3) follow the teacher;
+# "ranks" makes what a student distilled from it reads (tools/quality/demo_distill.sh): its TREC run of the
+# training queries and its documents' vectors at the kept step. Another data dir: DATA, OUT, STEPS, EVAL_EVERY, e.g.
+#   DATA=data/wordnet_nouns_c93 OUT=runs/quality/nouns EVAL_EVERY=300 PARTS=ranks tools/quality/dense_teacher.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=.venv/bin/python
-D=data/wordnet_food_c93
+D=${DATA:-data/wordnet_food_c93}
 OUT=${OUT:-runs/quality}
 T=$OUT/minilm_ft
 [ -f $T/selection.json ] || $PY -m gr_jax.train --gin_file=dense/minilm.gin --gin_file=runs/select.gin \
-  --gin.DATA_DIR="'$D'" --gin.MODEL_DIR="'$T'" --gin.TRAIN_STEPS=600 --gin.DOCUMENT_LENGTH=64 --gin.EVAL_EVERY=100 \
-  --gin.WARMUP_STEPS=50 > $T.train.json
+  --gin.DATA_DIR="'$D'" --gin.MODEL_DIR="'$T'" --gin.TRAIN_STEPS=${STEPS:-600} --gin.DOCUMENT_LENGTH=64 \
+  --gin.EVAL_EVERY=${EVAL_EVERY:-100} --gin.WARMUP_STEPS=50 > $T.train.json
 STEP=$($PY -c "import json; print(json.load(open('$T/selection.json'))['best_step'])")
 for split in valid dev; do   # its runs on both splits (fusion), and its corpus index at the kept step
   $PY -m gr_jax.eval --gin_file=$T/config.gin --gin.EVAL_SPLIT="'$split'" --gin.training.evaluate.step=$STEP \
     > $T.$split.json
 done
 PARTS=${PARTS:-ids distill}
+if [[ " $PARTS " == *" ranks "* ]]; then
+  [ -f $T/run.train.$STEP.trec ] || $PY -m gr_jax.eval --gin_file=$T/config.gin --gin.EVAL_SPLIT="'train'" \
+    --gin.training.evaluate.step=$STEP > $T.train_split.json
+  [ -f $T.document_vectors.npy ] || $PY -m gr_jax.tools.document_vectors --data_dir $D --index_dir $T/index/$STEP \
+    --out $T.document_vectors.npy
+fi
 if [[ " $PARTS " == *" ids "* ]]; then  # (2) semantic ids from its document vectors, in a data dir linking to $D's
 $PY -m gr_jax.tools.train_fraction --data_dir $D --fractions 1 --out_dir ${D}_ft_ids > /dev/null
 rm -f ${D}_ft_ids/docids.semantic.tsv ${D}_ft_ids/embeddings.minilm.npy
