@@ -106,7 +106,7 @@ def test_examples_per_item_weight_and_trie_targets(data_dir):
         make(item_weights=Fractional(alpha=2), token_targets=TrieTargets(max_children=2))
 
 
-def test_unknown_documents_and_long_queries_are_refused(data_dir):
+def test_unknown_documents_and_long_queries_are_refused_unless_cutting_is_asked_for(data_dir):
     (data_dir / "qrels.train.tsv").write_text("q1\t0\tcow\t1\n")
     data = RankedListData(name="t", data_dir=str(data_dir), input_length=12, target_length=8)
     with pytest.raises(DataFormatError, match="'cow'"):

@@ -129,11 +129,11 @@ def ranked_list_examples(*, data: "RankedListData", docid_space: DocidSpace, voc
                 soft_token_rows.append(y_tokens)
                 soft_mass_rows.append(y_mass)
     inputs, cut = encode_and_count_cut(query_texts, vocabulary=vocabulary, input_length=data.input_length)
-    if cut and not data.cut_queries:
-        raise ValueError(f"{cut} of the {len(query_texts)} training queries of {data.data_dir} are longer than "
-                         f"input_length={data.input_length} - 1 tokens: raise input_length, or ask for "
-                         f"cut_queries=True")
     if cut:
+        if not data.cut_queries:
+            raise ValueError(f"{cut} of the {len(query_texts)} training queries of {data.data_dir} are longer than "
+                             f"input_length={data.input_length} - 1 tokens: raise input_length, or ask for "
+                             f"cut_queries=True")
         logger.info("ranked-list examples: %d of %d training queries cut to their first %d tokens (cut_queries)",
                     cut, len(query_texts), data.input_length - 1)
     targets = np.stack(target_rows)
