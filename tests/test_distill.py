@@ -67,11 +67,28 @@ def test_pseudo_queries_are_judged_to_the_teachers_top_documents(data, tmp_path,
     assert dict(distilled.queries("dev")) == {"2": "smoked salmon"}
 
 
+def test_doc2query_outputs_are_pseudo_queries_named_by_their_document(data, tmp_path):
+    data_dir, pseudo, _ = data
+    d2q = tmp_path / "d2q.tsv"   # docTTTTTquery's layout: one line per document in collection order
+    d2q.write_text("green pear\tsmoked salmon\n\nsalmon fish\n\n")
+    out = tmp_path / "distilled"
+    report = tool.distill(data_dir=str(data_dir), teacher_dir="t", pseudo_queries=[], d2q_files=[str(d2q)],
+                          out_dir=str(out))
+    # d1's second query is a dev query (left out); d2 and d4 have none; d3's ranks d4 (the one shared word wins).
+    assert list(open_dataset(out).queries("train", setting=None)) == [
+        ("1", "a red apple"), ("pseudo-d1.q0", "green pear"), ("pseudo-d3.q0", "salmon fish")]
+    assert open_dataset(out).qrels("train", setting=None) == {"1": {"d1": 1}, "pseudo-d1.q0": {"d2": 1},
+                                                               "pseudo-d3.q0": {"d4": 1}}
+    assert report["d2q_files"] == [str(d2q)] and report["left_out_as_eval_queries"] == 1
+    with pytest.raises(ValueError, match="no pseudo-queries to label"):
+        tool.distill(data_dir=str(data_dir), teacher_dir="t", pseudo_queries=[], out_dir=str(tmp_path / "none"))
+
+
 def test_bad_inputs_are_refused(data, tmp_path):
     data_dir, pseudo, _ = data
     with pytest.raises(ValueError, match="must differ from --data_dir"):
         tool.distill(data_dir=str(data_dir), teacher_dir="t", pseudo_queries=[str(pseudo)], out_dir=str(data_dir))
-    with pytest.raises(ValueError, match="query id 'p1' occurs in two --pseudo_queries files"):
+    with pytest.raises(ValueError, match="query id 'p1' occurs twice among the pseudo-queries"):
         tool.distill(data_dir=str(data_dir), teacher_dir="t", pseudo_queries=[str(pseudo), str(pseudo)],
                      out_dir=str(tmp_path / "o"))
     other = tmp_path / "other"
