@@ -5,7 +5,7 @@
 # always on) plus K extra negatives per query, round(rho K) of them BM25's top-100 non-relevant documents for the
 # training query and the rest uniform over the collection; STEPS (100) steps, valid MRR@10 every 50. The K = 0 cell
 # is the teacher's own run (runs/quality/minilm_ft, valid at its step 100; a constant rate after warm-up makes its
-# step 100 the 100-step run). Runs: K 1 rho 1; K 4 rho 0, 0.5, 1; CELLS="4:0.25 4:0.75" runs others, and a cell
+# step 100 the 100-step run). Runs: K 1 rho 1; K 4 rho 0, 0.5, 1; CELLS="4:0.25 4:0.75 8:0.25" runs others, and a cell
 # "K:rho:mvdr" the same with the multi-vector MaxSim tower (dense/mvdr.gin, the paper's MVDR).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
