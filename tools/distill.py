@@ -94,8 +94,7 @@ def distill(*, data_dir: str, teacher_dir: str, pseudo_queries: Sequence[str], o
     reached = {docid for _, docid, _ in judged}
     report = {"data_dir": str(data_dir), "out_dir": str(out_dir), "teacher_dir": str(teacher_dir),
               "teacher_step": teacher_step, "pseudo_queries": list(pseudo_queries), "d2q_files": list(d2q_files),
-              "labels": labels,
-              "train_queries": len(train_queries), "pseudo_queries_labeled": len(labeled),
+              "labels": labels, "train_queries": len(train_queries), "pseudo_queries_labeled": len(labeled),
               "pseudo_queries_unranked": len(pseudo) - len(labeled), "left_out_as_eval_queries": leaked,
               "documents_labeled": len(reached), "documents_labeled_without_a_train_query": len(reached - named),
               "documents": len(collection)}
