@@ -18,8 +18,8 @@ OUT=${OUT:-runs/quality}
 T=$OUT/minilm_ft
 [ -f $T/selection.json ] || $PY -m gr_jax.train --gin_file=dense/minilm.gin --gin_file=runs/select.gin \
   --gin.DATA_DIR="'$D'" --gin.MODEL_DIR="'$T'" --gin.TRAIN_STEPS=${STEPS:-600} \
-  --gin.DOCUMENT_LENGTH=${DOCUMENT_LENGTH:-64} --gin.EVAL_EVERY=${EVAL_EVERY:-100} --gin.WARMUP_STEPS=${WARMUP_STEPS:-50} \
-  > $T.train.json
+  --gin.DOCUMENT_LENGTH=${DOCUMENT_LENGTH:-64} --gin.EVAL_EVERY=${EVAL_EVERY:-100} \
+  --gin.WARMUP_STEPS=${WARMUP_STEPS:-50} > $T.train.json
 STEP=$($PY -c "import json; print(json.load(open('$T/selection.json'))['best_step'])")
 for split in valid dev; do   # its runs on both splits (fusion), and its corpus index at the kept step
   $PY -m gr_jax.eval --gin_file=$T/config.gin --gin.EVAL_SPLIT="'$split'" --gin.training.evaluate.step=$STEP \
