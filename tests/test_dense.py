@@ -427,6 +427,14 @@ def test_t5_dual_encoder_trains_evaluates_and_searches_through_the_entry_points(
                 "--top_k", "4"])
     lines = (tmp_path / "run.trec").read_text().splitlines()
     assert len(lines) == 8 and lines[0].startswith("q1 Q0 ")
+    infer.main(["--model_dir", str(model_dir), "--queries", str(queries), "--output", str(tmp_path / "run3.trec"),
+                "--top_k", "4", "--step", "3"])
+    assert (tmp_path / "run3.trec").read_text().splitlines() == lines
+    with pytest.raises(SystemExit) as exit_info:   # a step with no checkpoint: the entry point's error line
+        infer.main(["--model_dir", str(model_dir), "--queries", str(queries), "--output", str(tmp_path / "run7.trec"),
+                    "--step", "7"])
+    assert str(exit_info.value.code).startswith("error: no checkpoint of step 7 in ")
+    assert not (tmp_path / "run7.trec").exists()
 
     # Another index type over the same embeddings (not encoded again), with its recall against exact search.
     gin.clear_config()

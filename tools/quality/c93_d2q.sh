@@ -4,9 +4,9 @@
 # (1,000 steps), samples N_QUERIES per document for all 2,573 (top-k 10, T 1), and the fine-tuned dense teacher
 # (runs/quality/minilm_ft at its kept step 400) labels each with its top document (tools/distill --d2q_file); the
 # cell "q1" keeps each document's first sample only. Then the teacher's rankings of each data dir's training queries
-# (its kept state copied to a run dir of the cell's, which indexes the documents again, so the original's runs stay)
-# and the demo's model distilled from them at demo_distill_ft's setting (tools/quality/demo_distill.sh, cell trie2:
-# 500 steps, valid every 50; inputs 48 WordPiece tokens, longer samples cut and logged).
+# (gr_jax.infer at the kept step, its index reused) and the demo's model distilled from them at demo_distill_ft's
+# setting (tools/quality/demo_distill.sh, cell trie2: 500 steps, valid every 50; inputs 48 WordPiece tokens, longer
+# samples cut and logged).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=.venv/bin/python
@@ -27,13 +27,10 @@ for cell in q$N_QUERIES q1; do
   FILE=$OUT/d2q.tsv; [ $cell = q1 ] && FILE=$OUT/d2q.first.tsv
   [ -f $D/distill.json ] || $PY -m gr_jax.tools.distill --data_dir $SRC --teacher_dir $T --teacher_step $STEP \
     --d2q_file $FILE --labels 1 --out_dir $D > $OUT/distill.$cell.json
-  TC=$OUT/$cell/minilm_ft
-  if [ ! -f $TC/run.train.$STEP.trec ]; then
-    mkdir -p $TC/best
-    cp -r $T/config.gin $T/selection.json $TC/ && cp -r $T/best/$STEP $TC/best/
-    ln -sf $PWD/$T.document_vectors.npy $TC.document_vectors.npy
-    $PY -m gr_jax.eval --gin_file=$TC/config.gin --gin.MODEL_DIR="'$TC'" --gin.DATA_DIR="'$D'" \
-      --gin.EVAL_SPLIT="'train'" --gin.training.evaluate.step=$STEP > $TC.train_split.json 2> $TC.train_split.log
-  fi
-  DATA=$D OUT=$OUT/$cell TEACHER=$TC TEACHER_STEP=$STEP CUT_QUERIES=True CELLS=trie2 tools/quality/demo_distill.sh
+  RANKS=$OUT/$cell/teacher.run.train.trec
+  mkdir -p $OUT/$cell
+  [ -f $RANKS ] || $PY -m gr_jax.infer --model_dir $T --step $STEP --queries $D/queries.train.tsv --top_k 100 \
+    --output $RANKS 2> $OUT/$cell/teacher.run.train.log
+  DATA=$D OUT=$OUT/$cell TEACHER=$T TEACHER_STEP=$STEP RANKED_RUN=$RANKS CUT_QUERIES=True CELLS=trie2 \
+    tools/quality/demo_distill.sh
 done

@@ -22,6 +22,7 @@ D=${DATA:-data/wordnet_food_c93}
 OUT=${OUT:-runs/quality/demo_distill}
 TEACHER=${TEACHER:-runs/quality/minilm_zs}
 TEACHER_STEP=${TEACHER_STEP:-0}   # the step of its run.train.STEP.trec
+RANKED_RUN=${RANKED_RUN:-$TEACHER/run.train.$TEACHER_STEP.trec}   # or its ranking of another data dir's training queries
 CELLS=${CELLS:-"base ntp trie2 trie1"}
 SEED=${SEED:-0}   # a second seed: SEED=1 OUT=runs/quality/demo_distill_s1
 mkdir -p "$OUT"
@@ -31,7 +32,7 @@ SETTINGS=(--gin_file=runs/select.gin --gin.DATA_DIR="'$D'" --gin.DATASET_NAME="'
   --gin.TRAIN_STEPS=${STEPS:-500} --gin.EVAL_EVERY=${EVAL_EVERY:-50} --gin.PATIENCE=None
   --gin.training.train.progress=False --gin.experiment.Experiment.seed=$SEED)
 LISTS=(--gin_file=ranking/ranked_lists.gin --gin.INDEXING=True --gin.CUT_QUERIES=${CUT_QUERIES:-False})
-TEACHER_LISTS=(--gin_file=ranking/trie.gin --gin.RANKED_RUN="'$TEACHER/run.train.$TEACHER_STEP.trec'" --gin.RANKING_DEPTH=10)
+TEACHER_LISTS=(--gin_file=ranking/trie.gin --gin.RANKED_RUN="'$RANKED_RUN'" --gin.RANKING_DEPTH=10)
 for cell in $CELLS; do
   case $cell in
     base) EXTRA=() ;;
