@@ -9,6 +9,7 @@
 # Needs runs/quality/minilm_zs (docs/quality.md) with its TREC run of the training definitions and its document
 # vectors. About 6 minutes a cell on the 2-core host alone. The fine-tuned teacher instead (its columns and ranks):
 #   TEACHER=runs/quality/minilm_ft TEACHER_STEP=400 OUT=runs/quality/demo_distill_ft CELLS="base trie2"
+# and CELLS=trie2_tower the same on the teacher's own query tower (frozen; a dense run as TEACHER, not minilm_zs)
 # after its training split's run (gr_jax.eval --gin.EVAL_SPLIT="'train'") and tools/document_vectors
 # (`PARTS=ranks tools/quality/dense_teacher.sh` makes both). Another data dir: DATA, STEPS, EVAL_EVERY, INPUT_LENGTH
 # and CUT_QUERIES=True where a training query is longer than INPUT_LENGTH - 1 tokens (all nouns: 333 of 61,009 at
@@ -39,6 +40,8 @@ for cell in $CELLS; do
     ntp) EXTRA=("${LISTS[@]}") ;;
     trie2) EXTRA=("${LISTS[@]}" "${TEACHER_LISTS[@]}" --gin.BETA=2.0) ;;
     trie1) EXTRA=("${LISTS[@]}" "${TEACHER_LISTS[@]}" --gin.BETA=1.0) ;;
+    trie2_tower) EXTRA=(--gin_file=encoders/dense_run.gin --gin.DENSE_RUN="'$TEACHER'" --gin.TRAIN_ENCODER_TOWER=False
+      "${LISTS[@]}" "${TEACHER_LISTS[@]}" --gin.BETA=2.0) ;;   # trie2 on the teacher's own query tower (frozen)
     *) echo "unknown cell $cell" >&2; exit 1 ;;
   esac
   [ -f $OUT/$cell/final_metrics.json ] || $PY -m gr_jax.train "${COMMON[@]}" "${EXTRA[@]}" "${SETTINGS[@]}" \
