@@ -34,14 +34,15 @@ SETTINGS=(--gin_file=runs/select.gin --gin.DATA_DIR="'$D'" --gin.DATASET_NAME="'
   --gin.training.train.progress=False --gin.experiment.Experiment.seed=$SEED)
 LISTS=(--gin_file=ranking/ranked_lists.gin --gin.INDEXING=True --gin.CUT_QUERIES=${CUT_QUERIES:-False})
 TEACHER_LISTS=(--gin_file=ranking/trie.gin --gin.RANKED_RUN="'$RANKED_RUN'" --gin.RANKING_DEPTH=10)
+TRIE2=("${LISTS[@]}" "${TEACHER_LISTS[@]}" --gin.BETA=2.0)
 for cell in $CELLS; do
   case $cell in
     base) EXTRA=() ;;
     ntp) EXTRA=("${LISTS[@]}") ;;
-    trie2) EXTRA=("${LISTS[@]}" "${TEACHER_LISTS[@]}" --gin.BETA=2.0) ;;
+    trie2) EXTRA=("${TRIE2[@]}") ;;
     trie1) EXTRA=("${LISTS[@]}" "${TEACHER_LISTS[@]}" --gin.BETA=1.0) ;;
     trie2_tower) EXTRA=(--gin_file=encoders/dense_run.gin --gin.DENSE_RUN="'$TEACHER'" --gin.TRAIN_ENCODER_TOWER=False
-      "${LISTS[@]}" "${TEACHER_LISTS[@]}" --gin.BETA=2.0) ;;   # trie2 on the teacher's own query tower (frozen)
+      "${TRIE2[@]}") ;;   # trie2 on the teacher's own query tower (frozen)
     *) echo "unknown cell $cell" >&2; exit 1 ;;
   esac
   [ -f $OUT/$cell/final_metrics.json ] || $PY -m gr_jax.train "${COMMON[@]}" "${EXTRA[@]}" "${SETTINGS[@]}" \

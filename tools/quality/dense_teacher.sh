@@ -5,7 +5,8 @@
 # tools/quality/minilm_encoder.sh on the data dir it makes. Budget: about 20 minutes for the teacher, 45 for each
 # generative run on the 2-core host. PARTS (default "ids distill") picks which of (2) and (3) follow the teacher;
 # "ranks" makes what a student distilled from it reads (tools/quality/demo_distill.sh): its TREC run of the
-# training queries and its documents' vectors at the kept step. Another data dir: DATA, OUT, STEPS, EVAL_EVERY,
+# training queries and its documents' vectors at the kept step, for this teacher or for any dense run trained with
+# runs/select.gin (TEACHER=RUN_DIR, e.g. a teacher_sweep.sh cell). Another data dir: DATA, OUT, STEPS, EVAL_EVERY,
 # DOCUMENT_LENGTH (64), WARMUP_STEPS (50), e.g.
 #   DATA=data/wordnet_nouns_c93 OUT=runs/quality/nouns EVAL_EVERY=300 PARTS=ranks tools/quality/dense_teacher.sh
 #   DATA=data/msmarco_mini_v50 OUT=runs/quality/msmarco_ft STEPS=100 EVAL_EVERY=25 DOCUMENT_LENGTH=256 \
@@ -15,15 +16,16 @@ cd "$(dirname "$0")/../.."
 PY=.venv/bin/python
 D=${DATA:-data/wordnet_food_c93}
 OUT=${OUT:-runs/quality}
-T=$OUT/minilm_ft
+T=${TEACHER:-$OUT/minilm_ft}
 [ -f $T/selection.json ] || $PY -m gr_jax.train --gin_file=dense/minilm.gin --gin_file=runs/select.gin \
   --gin.DATA_DIR="'$D'" --gin.MODEL_DIR="'$T'" --gin.TRAIN_STEPS=${STEPS:-600} \
   --gin.DOCUMENT_LENGTH=${DOCUMENT_LENGTH:-64} --gin.EVAL_EVERY=${EVAL_EVERY:-100} \
   --gin.WARMUP_STEPS=${WARMUP_STEPS:-50} > $T.train.json
 STEP=$($PY -c "import json; print(json.load(open('$T/selection.json'))['best_step'])")
-for split in valid dev; do   # its runs on both splits (fusion), and its corpus index at the kept step
-  $PY -m gr_jax.eval --gin_file=$T/config.gin --gin.EVAL_SPLIT="'$split'" --gin.training.evaluate.step=$STEP \
-    > $T.$split.json
+for split in valid dev; do   # its runs on both splits (fusion) and its corpus index at the kept step, where its
+  # training (select.gin: valid every EVAL_EVERY, dev at the kept step) has not written them already
+  [ -f $T/run.$split.$STEP.trec ] || $PY -m gr_jax.eval --gin_file=$T/config.gin --gin.EVAL_SPLIT="'$split'" \
+    --gin.training.evaluate.step=$STEP > $T.$split.json
 done
 PARTS=${PARTS:-ids distill}
 if [[ " $PARTS " == *" ranks "* ]]; then
